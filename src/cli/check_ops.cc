@@ -1,0 +1,97 @@
+// `h2 check ops` — the cross-backend conformance matrix — and `h2 devices`.
+#include <cstdio>
+#include <optional>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "device/registry.h"
+#include "ops/conformance.h"
+
+namespace h2::cli {
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// The emu profile named by --chips/--chip, or none (the registry's default).
+std::optional<EmuProfile> chosen_profile(const std::string& chips_file, const std::string& chip) {
+  if (chips_file.empty()) {
+    if (!chip.empty()) throw Error(ErrorCode::kInvalidArgument, "--chip needs --chips FILE to say where it is defined");
+    return std::nullopt;
+  }
+  const auto profiles = load_emu_profiles(ConfigNode::load_file(chips_file));
+  return chip.empty() ? profiles.front() : find_emu_profile(profiles, chip, chips_file);
+}
+
+}  // namespace
+
+void register_check(CLI::App& app, Command& selected) {
+  CLI::App* check = app.add_subcommand("check", "Self-checks of this build");
+  check->require_subcommand(1);
+  CLI::App* ops = check->add_subcommand(
+      "ops", "Run every op on every backend against the ref backend and print the op x backend matrix");
+  struct Options {
+    std::string backends = "ref,cpu,emu";
+    uint64_t seed = 1234;
+    std::string chips_file;
+    std::string chip;
+  };
+  auto options = std::make_shared<Options>();
+  ops->add_option("--backend", options->backends, "comma-separated backends to check")->capture_default_str();
+  ops->add_option("--seed", options->seed, "seed of the random inputs")->capture_default_str();
+  ops->add_option("--chips", options->chips_file, "chip-profile YAML for the emu backend (see examples/)");
+  ops->add_option("--chip", options->chip, "which chip of --chips to emulate (default: the first)");
+  ops->callback([options, &selected] {
+    selected = [options] {
+      const auto names = split_list(options->backends);
+      if (names.empty()) throw Error(ErrorCode::kInvalidArgument, "--backend lists no backend");
+      const std::optional<EmuProfile> profile = chosen_profile(options->chips_file, options->chip);
+      auto reference = create_device(DeviceSpec{.backend = "ref"});
+      std::vector<ConformanceColumn> columns;
+      bool passed = true;
+      for (const std::string& name : names) {
+        auto device = name == "ref" ? nullptr : create_device(DeviceSpec{.backend = name, .emu = profile});
+        Device& dev = device ? *device : *reference;
+        std::fprintf(stderr, "checking %s (%s) ...\n", dev.name().c_str(), dev.props().chip.c_str());
+        columns.push_back({name, run_conformance(dev, *reference, ConformanceOptions{.seed = options->seed})});
+        passed = passed && all_passed(columns.back().results);
+      }
+      std::fputs(format_conformance_matrix(columns).c_str(), stdout);
+      std::printf("%s: values are the worst normalised error ||out - ref|| / ||ref|| over each op's cases\n",
+                  passed ? "PASS" : "FAIL");
+      return passed ? 0 : 1;
+    };
+  });
+}
+
+void register_devices(CLI::App& app, Command& selected) {
+  CLI::App* devices = app.add_subcommand("devices", "List the built backends and, with --chips, the chip profiles");
+  auto chips_file = std::make_shared<std::string>();
+  devices->add_option("--chips", *chips_file, "chip-profile YAML to list");
+  devices->callback([chips_file, &selected] {
+    selected = [chips_file] {
+      std::printf("backends:\n");
+      for (const BackendInfo& b : backends()) std::printf("  %-4s %s\n", b.name, b.description);
+      if (!chips_file->empty()) {
+        std::printf("chips in %s:\n  %-16s %8s %12s %14s\n", chips_file->c_str(), "name", "speed", "memory",
+                    "copy GB/s");
+        for (const EmuProfile& p : load_emu_profiles(ConfigNode::load_file(*chips_file))) {
+          std::printf("  %-16s %8.3f %12s %14.1f\n", p.chip.c_str(), p.speed,
+                      format_bytes(p.mem_capacity_bytes).c_str(), p.mem_bandwidth_gbps);
+        }
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace h2::cli

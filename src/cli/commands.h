@@ -1,0 +1,16 @@
+// The `h2` command's subcommands. Each registers itself on the app and returns a function that runs it;
+// main.cc turns an h2::Error from that function into a message and a non-zero exit status.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace h2::cli {
+
+using Command = std::function<int()>;
+
+// `h2 check ops`: the conformance matrix; `h2 devices`: the backends and chip profiles.
+void register_check(CLI::App& app, Command& selected);
+void register_devices(CLI::App& app, Command& selected);
+
+}  // namespace h2::cli

@@ -1,0 +1,42 @@
+// The `h2` command: one executable, one subcommand per job. Errors print as "h2: error: ..." with exit 1;
+// usage errors print CLI11's message with exit 2 (CLI11's convention for a parse error is 105 — we map to 2).
+#include <omp.h>
+
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/log.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "H2: train large language models on clusters that mix chip types and vendors.\n"
+      "Plans the split of a model over a mixed cluster, simulates it, and runs it.",
+      "h2"};
+  app.set_version_flag("--version", std::string("h2 ") + H2_VERSION);
+  app.require_subcommand(1);
+  int threads = 0;
+  app.add_option("--threads", threads, "CPU threads for kernels (default: all cores, or OMP_NUM_THREADS)")
+      ->check(CLI::PositiveNumber);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "log debug messages");
+
+  h2::cli::Command selected;
+  h2::cli::register_check(app, selected);
+  h2::cli::register_devices(app, selected);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  if (threads > 0) omp_set_num_threads(threads);
+  if (verbose) h2::set_log_level(h2::LogLevel::kDebug);
+  try {
+    return selected ? selected() : 0;
+  } catch (const h2::Error& e) {
+    std::fprintf(stderr, "h2: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,32 @@
+// Element types: f32 (training), bf16 (storage and communication), f64 (the reference's accumulation type),
+// i32 (token ids). bf16 is stored as the upper 16 bits of an IEEE f32; conversion rounds to nearest even.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace h2 {
+
+enum class DType { kF32, kBF16, kF64, kI32 };
+
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+// Parses "f32", "bf16", "f64", "i32"; throws Error(kInvalidArgument) naming the accepted values otherwise.
+DType parse_dtype(std::string_view name);
+
+using bf16_t = uint16_t;
+
+inline float bf16_to_f32(bf16_t value) { return std::bit_cast<float>(static_cast<uint32_t>(value) << 16); }
+
+// Round to nearest, ties to even; NaN stays NaN (a quiet NaN is forced so that rounding cannot turn it into inf).
+inline bf16_t f32_to_bf16(float value) {
+  uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((bits >> 16) | 0x0040u);
+  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<bf16_t>((bits + rounding) >> 16);
+}
+
+}  // namespace h2

@@ -1,0 +1,89 @@
+// The device runtime interface (DESIGN.md, "device + ops"): what every chip backend provides.
+//
+// Memory: allocations are counted against a hard capacity, as on a real chip; one past it is an
+// Error(kOutOfMemory) naming the device and the sizes. The peak is tracked for the memory model to be checked.
+//
+// Synchronisation model: each device has one in-order queue. launch() enqueues a kernel; kernels and copies
+// on one device run in the order they were issued; synchronize() returns when everything issued has finished.
+// The CPU backends (ref, cpu, emu) run each kernel to completion on the calling thread, so for them the queue
+// is the call itself and synchronize() has nothing to wait for; a GPU backend maps the queue to a stream.
+//
+// Deliberately not here: multiple streams per device, events, pinned host memory. They come with the first
+// backend whose memory the host cannot address.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace h2 {
+
+class Kernels;
+
+struct DeviceProps {
+  std::string name;                 // unique in a process, e.g. "cpu:0", "emu:1"
+  std::string backend;              // registry name: "ref", "cpu", "emu"
+  std::string chip;                 // the chip this device is or emulates, e.g. "host", "small-fast"
+  size_t mem_capacity_bytes = 0;    // allocations past this fail
+  double compute_speed = 1.0;       // relative to this host's cpu backend
+  double mem_bandwidth_gbps = 0.0;  // modelled copy bandwidth; 0 = not modelled (host speed)
+  bool host_addressable = true;     // the host can read and write this device's memory directly
+  bool emulated = false;            // an emulation of another chip, not the chip itself
+};
+
+class Device {
+ public:
+  explicit Device(DeviceProps props) : props_(std::move(props)) {}
+  // Every tensor allocated on a device must be gone before the device is (checked).
+  virtual ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const DeviceProps& props() const { return props_; }
+  const std::string& name() const { return props_.name; }
+
+  // --- memory ---
+  // A new tensor on this device; its contents are unspecified. Throws Error(kOutOfMemory).
+  Tensor empty(DType dtype, Shape shape);
+  Tensor zeros(DType dtype, Shape shape);
+  size_t mem_used_bytes() const;
+  size_t mem_peak_bytes() const;
+  void reset_mem_peak();
+
+  // --- copies (bytes, between raw addresses; the Tensor-level copy() below checks shapes) ---
+  virtual void copy_h2d(void* dst, const void* src, size_t bytes);
+  virtual void copy_d2h(void* dst, const void* src, size_t bytes);
+  virtual void copy_d2d(void* dst, const void* src, size_t bytes);
+  virtual void synchronize() {}
+
+  // --- kernels ---
+  virtual const Kernels& kernels() const = 0;
+  // Runs one kernel on this device's queue. `op_name` is for pacing, tracing and error messages.
+  virtual void launch(const char* op_name, const std::function<void()>& kernel);
+
+ protected:
+  // Backends whose memory is not host memory override these two.
+  virtual void* raw_allocate(size_t bytes);
+  virtual void raw_free(void* ptr);
+
+ private:
+  void release(void* ptr, size_t bytes);
+
+  DeviceProps props_;
+  mutable std::mutex mem_mutex_;
+  size_t mem_used_bytes_ = 0;
+  size_t mem_peak_bytes_ = 0;
+};
+
+// Copies between tensors of the same dtype and element count, on the same or different devices.
+void copy(const Tensor& dst, const Tensor& src);
+void copy_from_host(const Tensor& dst, const void* src);
+void copy_to_host(void* dst, const Tensor& src);
+
+// "1.50 GiB", "12.0 MiB", "512 B": sizes as people read them in error messages.
+std::string format_bytes(size_t bytes);
+
+}  // namespace h2

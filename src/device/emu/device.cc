@@ -1,0 +1,135 @@
+// The `emu` device and its pacer (see device.h for how pacing works and where it is not faithful).
+#include "device/emu/device.h"
+
+#include <chrono>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "ops/cpu/kernels.h"
+
+namespace h2 {
+namespace {
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void sleep_seconds(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
+
+class EmuDevice final : public Device {
+ public:
+  EmuDevice(int index, const EmuProfile& profile)
+      : Device(DeviceProps{.name = cat("emu:", index),
+                           .backend = "emu",
+                           .chip = profile.chip,
+                           .mem_capacity_bytes = profile.mem_capacity_bytes,
+                           .compute_speed = profile.speed,
+                           .mem_bandwidth_gbps = profile.mem_bandwidth_gbps,
+                           .emulated = true}),
+        pacer_(profile.speed, profile.mem_bandwidth_gbps, steady_seconds, sleep_seconds) {
+    log_warn("device ", name(), " is an EMULATED '", profile.chip, "' chip running on this host's CPU: speed ",
+             profile.speed, "x the host, memory capped at ", format_bytes(profile.mem_capacity_bytes),
+             profile.mem_bandwidth_gbps > 0 ? cat(", copies at ", profile.mem_bandwidth_gbps, " GB/s") : "",
+             ". Timings follow the profile, not real hardware.");
+  }
+
+  const Kernels& kernels() const override { return cpu_kernels(); }
+
+  void launch(const char* /*op_name*/, const std::function<void()>& kernel) override {
+    const double t0 = steady_seconds();
+    kernel();
+    pacer_.after_kernel(steady_seconds() - t0);
+  }
+  void copy_h2d(void* dst, const void* src, size_t bytes) override {
+    timed_copy(bytes, [&] { Device::copy_h2d(dst, src, bytes); });
+  }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override {
+    timed_copy(bytes, [&] { Device::copy_d2h(dst, src, bytes); });
+  }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override {
+    timed_copy(bytes, [&] { Device::copy_d2d(dst, src, bytes); });
+  }
+  void synchronize() override { pacer_.flush(); }
+
+ private:
+  template <typename Fn>
+  void timed_copy(size_t bytes, Fn&& fn) {
+    const double t0 = steady_seconds();
+    fn();
+    pacer_.after_copy(bytes, steady_seconds() - t0);
+  }
+
+  Pacer pacer_;
+};
+
+}  // namespace
+
+Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep)
+    : speed_(speed), bandwidth_gbps_(bandwidth_gbps), clock_(std::move(clock)), sleep_(std::move(sleep)) {
+  H2_CHECK(speed > 0.0 && speed <= 1.0) << "speed " << speed;
+}
+
+void Pacer::after_kernel(double host_seconds) {
+  debt_seconds_ += host_seconds * (1.0 / speed_ - 1.0);
+  pay(kMinSleepSeconds);
+}
+
+void Pacer::after_copy(size_t bytes, double host_seconds) {
+  if (bandwidth_gbps_ > 0.0) {
+    const double target = static_cast<double>(bytes) / (bandwidth_gbps_ * 1e9);
+    if (target > host_seconds) debt_seconds_ += target - host_seconds;
+  }
+  pay(kMinSleepSeconds);
+}
+
+void Pacer::flush() { pay(0.0); }
+
+void Pacer::pay(double threshold_seconds) {
+  if (debt_seconds_ <= threshold_seconds || debt_seconds_ <= 0.0) return;
+  const double t0 = clock_();
+  sleep_(debt_seconds_);
+  debt_seconds_ -= clock_() - t0;
+}
+
+std::vector<EmuProfile> load_emu_profiles(const ConfigNode& root) {
+  root.allow_only({"chips"});
+  std::vector<EmuProfile> profiles;
+  for (const ConfigNode& chip : root.at("chips").items()) {
+    chip.allow_only({"name", "speed", "memory_mib", "memory_bandwidth_gbps"});
+    EmuProfile p;
+    p.chip = chip.get<std::string>("name");
+    if (p.chip.empty()) chip.at("name").fail("must not be empty");
+    for (const EmuProfile& other : profiles) {
+      if (other.chip == p.chip) chip.at("name").fail(cat("chip '", p.chip, "' is defined twice"));
+    }
+    p.speed = chip.get<double>("speed");
+    if (!(p.speed > 0.0 && p.speed <= 1.0)) {
+      chip.at("speed").fail(cat("must be in (0, 1], got ", p.speed,
+                                ". Speeds are relative to this host: scale all chips so the fastest is 1.0"));
+    }
+    const int64_t mib = chip.get<int64_t>("memory_mib");
+    if (mib <= 0) chip.at("memory_mib").fail(cat("must be positive, got ", mib));
+    p.mem_capacity_bytes = static_cast<size_t>(mib) << 20;
+    p.mem_bandwidth_gbps = chip.get<double>("memory_bandwidth_gbps", 0.0);
+    if (p.mem_bandwidth_gbps < 0.0) chip.at("memory_bandwidth_gbps").fail("must be >= 0 (0: host speed)");
+    profiles.push_back(p);
+  }
+  if (profiles.empty()) root.at("chips").fail("lists no chips");
+  return profiles;
+}
+
+EmuProfile find_emu_profile(const std::vector<EmuProfile>& profiles, const std::string& chip, const std::string& file) {
+  std::string known;
+  for (const EmuProfile& p : profiles) {
+    if (p.chip == chip) return p;
+    known += (known.empty() ? "" : ", ") + p.chip;
+  }
+  throw Error(ErrorCode::kNotFound, cat(file, ": no chip named '", chip, "'; the file defines: ", known));
+}
+
+std::unique_ptr<Device> make_emu_device(int index, const EmuProfile& profile) {
+  return std::make_unique<EmuDevice>(index, profile);
+}
+
+}  // namespace h2

@@ -1,0 +1,73 @@
+// The `emu` device: an emulated chip. It runs the cpu backend's kernels on this host, refuses allocations
+// past the capacity of the chip it emulates, and paces its work so that op times follow the chip's profile.
+// This is how a heterogeneous cluster is reproduced on one machine (DESIGN.md); it is an emulation and says so.
+//
+// How pacing works. A profile gives the chip's speed relative to this host's cpu backend (0 < speed <= 1) and
+// optionally its copy bandwidth. After each kernel the device measures the kernel's wall time t and owes a
+// further t * (1/speed - 1) seconds of idle time; after each copy of n bytes that took t, it owes
+// max(0, n / bandwidth - t). The debt is paid by sleeping (never by spinning, so idle emulated chips leave the
+// cores to the others) once it exceeds kMinSleepSeconds, and what the sleep really took is subtracted, so
+// oversleeping is paid back by later kernels. synchronize() pays the whole debt, so time measured between two
+// synchronize() calls follows the profile.
+//
+// Where it stops being faithful:
+//  - Speeds above 1.0 cannot be emulated (the host cannot run faster than itself); profiles are normalised so
+//    the fastest chip is 1.0, and loading a profile with speed > 1 is an error.
+//  - Every kernel is slowed by the same factor. A real chip's ratio differs per op (compute- vs memory-bound).
+//  - The measured time t includes contention: when more emulated ranks run than there are cores, t grows with
+//    the load and the pacing scales the inflated time. Keep (busy ranks x threads per rank) <= cores for
+//    faithful ratios; sleeping ranks do not count as busy.
+//  - Sleeps are paid in slices of at least kMinSleepSeconds: single ops shorter than that are timed only on
+//    aggregate, over many ops.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "device/device.h"
+
+namespace h2 {
+
+struct EmuProfile {
+  std::string chip = "emu";       // the chip type this emulates
+  double speed = 1.0;             // compute speed relative to this host's cpu backend, in (0, 1]
+  size_t mem_capacity_bytes = 0;  // the chip's memory
+  double mem_bandwidth_gbps = 0;  // copy bandwidth; 0 = as fast as the host copies
+};
+
+// Reads `chips:` from a chip-profile file (see examples/emu_chips.yaml); errors name the file, line and field.
+std::vector<EmuProfile> load_emu_profiles(const ConfigNode& root);
+EmuProfile find_emu_profile(const std::vector<EmuProfile>& profiles, const std::string& chip, const std::string& file);
+
+// Turns measured host times into the idle time an emulated chip owes, and pays it by sleeping.
+class Pacer {
+ public:
+  static constexpr double kMinSleepSeconds = 200e-6;
+  using Clock = std::function<double()>;      // seconds on a monotonic clock
+  using Sleep = std::function<void(double)>;  // sleep about this many seconds
+  Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep);
+
+  // A kernel took `host_seconds` on the host.
+  void after_kernel(double host_seconds);
+  // A copy of `bytes` took `host_seconds` on the host.
+  void after_copy(size_t bytes, double host_seconds);
+  // Pays the whole debt now.
+  void flush();
+  double debt_seconds() const { return debt_seconds_; }
+
+ private:
+  void pay(double threshold_seconds);
+
+  double speed_;
+  double bandwidth_gbps_;
+  Clock clock_;
+  Sleep sleep_;
+  double debt_seconds_ = 0.0;
+};
+
+std::unique_ptr<Device> make_emu_device(int index, const EmuProfile& profile);
+
+}  // namespace h2

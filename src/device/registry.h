@@ -1,0 +1,38 @@
+// The one list of device backends (STYLE.md, habit 3: explicit registration, no static initialisers).
+// Adding a backend: a folder under device/ and ops/, one entry in registry.cc, one build option.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "device/device.h"
+#include "device/emu/device.h"
+
+namespace h2 {
+
+struct BackendInfo {
+  const char* name;
+  const char* description;
+};
+
+// In registration order: ref, cpu, emu.
+const std::vector<BackendInfo>& backends();
+
+struct DeviceSpec {
+  std::string backend;                       // a name from backends()
+  int index = 0;                             // device number within the backend, for its name
+  std::optional<size_t> mem_capacity_bytes;  // ref/cpu: default is this host's physical memory
+  std::optional<EmuProfile> emu;             // emu: the chip to emulate; default default_emu_profile()
+};
+
+// A 1.0-speed chip with 4 GiB: what `emu` emulates when no profile is given.
+EmuProfile default_emu_profile();
+
+// Throws Error(kNotFound) for an unknown backend, listing the known ones.
+std::unique_ptr<Device> create_device(const DeviceSpec& spec);
+
+size_t host_memory_bytes();
+
+}  // namespace h2

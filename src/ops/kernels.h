@@ -1,0 +1,112 @@
+// The operator interface a backend implements (DESIGN.md, "device + ops"; ggml-backend's function table).
+//
+// One shape for every op (llm.c): outputs first, then inputs, then sizes. Shape letters, used throughout ops/:
+//   B batch, T time (sequence), C channels, NH heads, V vocabulary, N = B*T rows, OC output channels.
+// Gradients carry a `d` prefix. The gradient rule: parameter gradients (dwte, dwpe, dweight, dbias) are
+// accumulated with +=; activation gradients (dinp, dqkv, dlogits) are assigned with =.
+// What a backward pass needs from its forward pass (mean, rstd, att) is an explicit argument.
+//
+// A backend implements what it can and says so in supports(op, dtype); every entry has a default that aborts,
+// so a partial backend compiles, and the dispatcher (ops.cc) never calls an entry whose supports() is false —
+// it falls back to the cpu backend instead. Kernels are const: one instance serves every device of a backend.
+//
+// Deliberately not here: residual_backward. The gradient of a sum passes unchanged to both summands, so the
+// model reuses the incoming gradient and sums gradient paths with residual_forward; a kernel would only copy.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace h2 {
+
+enum class Op {
+  kEncoderForward,
+  kEncoderBackward,
+  kLayernormForward,
+  kLayernormBackward,
+  kMatmulForward,
+  kMatmulBackward,
+  kAttentionForward,
+  kAttentionBackward,
+  kGeluForward,
+  kGeluBackward,
+  kResidualForward,
+  kCrossentropyForwardBackward,
+  kAdamwUpdate,
+  kGlobalNormSquared,
+  kScale,
+  kConvert,
+};
+inline constexpr Op kAllOps[] = {
+    Op::kEncoderForward,    Op::kEncoderBackward,   Op::kLayernormForward,
+    Op::kLayernormBackward, Op::kMatmulForward,     Op::kMatmulBackward,
+    Op::kAttentionForward,  Op::kAttentionBackward, Op::kGeluForward,
+    Op::kGeluBackward,      Op::kResidualForward,   Op::kCrossentropyForwardBackward,
+    Op::kAdamwUpdate,       Op::kGlobalNormSquared, Op::kScale,
+    Op::kConvert,
+};
+const char* op_name(Op op);
+
+// Hyper-parameters of one AdamW step (Loshchilov & Hutter 2019, Algorithm 2; bias correction of Kingma & Ba 2015).
+struct AdamwParams {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;  // 1-based step number t, for the bias corrections 1 - beta^t
+};
+
+// The GELU's tanh form (Hendrycks & Gimpel 2016): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline constexpr double kGeluScale = 0.7978845608028654;  // sqrt(2/pi)
+inline constexpr double kGeluCubic = 0.044715;
+inline constexpr double kLayernormEps = 1e-5;  // GPT-2's epsilon
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual const char* name() const = 0;
+  virtual bool supports(Op op, DType dtype) const = 0;
+
+  // out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C). tokens (B,T) in [0, V).
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
+                               int C) const;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
+                                int C) const;
+  // out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for the backward pass.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                 const float* bias, int64_t N, int C) const;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, const float* mean, const float* rstd, int64_t N, int C) const;
+  // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be null.
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
+                              int OC) const;
+  // dinp (N,C) = dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout (may be null).
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, int64_t N, int C, int OC) const;
+  // Causal self-attention. qkv (B,T,3C) holds q, k, v side by side; out (B,T,C); att (B,NH,T,T) the softmax
+  // probabilities, zero above the diagonal, saved for the backward pass.
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) const;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
+                                  int C, int NH) const;
+  // Element-wise; f32 or bf16 (computed in f32 or better).
+  virtual void gelu_forward(void* out, const void* inp, DType dtype, int64_t N) const;
+  virtual void gelu_backward(void* dinp, const void* inp, const void* dout, DType dtype, int64_t N) const;
+  virtual void residual_forward(void* out, const void* inp1, const void* inp2, DType dtype, int64_t N) const;
+  // Fused softmax + cross-entropy and its gradient. logits (N,V); targets (N) in [0, V) or -1 (ignored: loss 0,
+  // gradient 0). losses (N) = -log softmax(logits)[target]; dlogits (N,V) = (softmax - onehot) * dloss.
+  virtual void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                             float dloss, int64_t N, int V) const;
+  // One AdamW step over N parameters, in place on params, m, v.
+  virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t N,
+                            const AdamwParams& hp) const;
+  // out[0] += sum(inp^2), so the squared global norm accumulates over many gradient tensors.
+  virtual void global_norm_squared(float* out, const float* inp, int64_t N) const;
+  // x *= s in place (gradient clipping).
+  virtual void scale(float* x, float s, int64_t N) const;
+  // out = inp converted between f32 and bf16 (bf16 rounds to nearest even).
+  virtual void convert(void* out, DType out_dtype, const void* inp, DType inp_dtype, int64_t N) const;
+};
+
+}  // namespace h2

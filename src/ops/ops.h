@@ -1,0 +1,45 @@
+// The operator API the model calls: the ops of kernels.h over tensors. Each function checks that shapes,
+// dtypes and devices agree (an Error(kInvalidArgument) names the op, the argument and both shapes), picks
+// the kernels of the output's device — or the cpu backend's, once logged, when that device's backend lacks
+// the op — and launches the kernel on the device's queue.
+// Shapes follow kernels.h; leading dimensions are flattened where a kernel works on rows (N = B*T).
+// Empty batches (N = 0) are valid and do nothing; inner sizes (C, V, OC, heads) must be positive.
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/kernels.h"
+
+namespace h2::ops {
+
+// tokens (B,T) i32; wte (V,C); wpe (maxT,C) with T <= maxT; out (B,T,C).
+void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
+void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens);
+// inp (...,C); weight, bias (C); out like inp; mean, rstd with one element per row.
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                       const Tensor& weight, const Tensor& bias);
+void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                        const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+// inp (...,C); weight (OC,C); bias (OC) or an undefined Tensor; out (...,OC).
+void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight);
+// qkv (B,T,3C); out (B,T,C); att (B,NH,T,T).
+void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int num_heads);
+void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int num_heads);
+void gelu_forward(const Tensor& out, const Tensor& inp);
+void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout);
+void residual_forward(const Tensor& out, const Tensor& inp1, const Tensor& inp2);
+// logits (...,V); targets with one i32 per row; losses with one f32 per row; dlogits like logits.
+void crossentropy_forward_backward(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
+                                   const Tensor& targets, float dloss);
+void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& grads, const AdamwParams& hp);
+// out: one f32 element, to which sum(inp^2) is added.
+void global_norm_squared(const Tensor& out, const Tensor& inp);
+void scale(const Tensor& x, float s);
+void convert(const Tensor& out, const Tensor& inp);
+
+// The kernels that will run `op` in `dtype` on `device`: its own backend's, or the cpu backend's as a
+// fallback (logged once per device, op and dtype). Throws Error(kUnsupported) when neither has it.
+const Kernels& select_kernels(Device& device, Op op, DType dtype);
+
+}  // namespace h2::ops

@@ -1,0 +1,44 @@
+// The `ref` backend: the golden reference every other backend is compared with.
+// Plain loops in the obvious order, accumulating in double, no threads. Slow on purpose: it is written to be
+// read and checked, not to be fast. The kernels are templates over the element type F so that the same code
+// also runs in double, for the finite-difference gradient checks (tests/ops/gradcheck_test.cc).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/kernels.h"
+
+namespace h2 {
+
+const Kernels& ref_kernels();
+
+namespace ref {
+
+template <typename F>
+void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C);
+template <typename F>
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C);
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias, int64_t N, int C);
+template <typename F>
+void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, const F* mean,
+                        const F* rstd, int64_t N, int C);
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int64_t N, int C, int OC);
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int64_t N, int C,
+                     int OC);
+template <typename F>
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH);
+template <typename F>
+void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* att, int B, int T, int C, int NH);
+template <typename F>
+void gelu_forward(F* out, const F* inp, int64_t N);
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
+template <typename F>
+void crossentropy_forward_backward(F* losses, F* dlogits, const F* logits, const int32_t* targets, F dloss, int64_t N,
+                                   int V);
+
+}  // namespace ref
+}  // namespace h2

@@ -1,0 +1,87 @@
+// The device runtime: capacity, peak counter, copies, the registry.
+#include "device/device.h"
+
+#include <vector>
+
+#include "device/registry.h"
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::error_of;
+
+TEST(Registry, ListsBackendsInOrder) {
+  std::vector<std::string> names;
+  for (const BackendInfo& b : backends()) names.push_back(b.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"ref", "cpu", "emu"}));
+  for (const std::string& name : names) {
+    auto dev = create_device(DeviceSpec{.backend = name, .index = 2});
+    EXPECT_EQ(dev->props().backend, name);
+    EXPECT_EQ(dev->name(), name + ":2");
+  }
+}
+
+TEST(Registry, UnknownBackendListsTheKnownOnes) {
+  const std::string msg = error_of([] { create_device(DeviceSpec{.backend = "tpu"}); }, ErrorCode::kNotFound);
+  EXPECT_THAT(msg, HasSubstr("unknown backend 'tpu'"));
+  EXPECT_THAT(msg, HasSubstr("ref, cpu, emu"));
+}
+
+TEST(Device, AllocationPastCapacityIsOutOfMemory) {
+  for (const char* backend : {"ref", "cpu", "emu"}) {
+    auto dev = create_device(DeviceSpec{.backend = backend, .mem_capacity_bytes = 1000});
+    Tensor a = dev->empty(DType::kF32, {200});  // 800 bytes
+    const std::string msg = error_of([&] { dev->empty(DType::kF32, {100}); }, ErrorCode::kOutOfMemory);
+    EXPECT_THAT(msg, HasSubstr(dev->name()));
+    EXPECT_THAT(msg, HasSubstr("requested 400 B"));
+    EXPECT_THAT(msg, HasSubstr("800 B of 1000 B already in use"));
+    EXPECT_EQ(dev->mem_used_bytes(), 800u);  // the failed allocation left nothing behind
+  }
+}
+
+TEST(Device, TracksUseAndPeak) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu", .mem_capacity_bytes = 1 << 20});
+  {
+    Tensor a = dev->empty(DType::kF32, {100});
+    {
+      Tensor b = dev->empty(DType::kBF16, {100});
+      EXPECT_EQ(dev->mem_used_bytes(), 600u);
+    }
+    EXPECT_EQ(dev->mem_used_bytes(), 400u);
+    Tensor view = a.slice(0, 10);  // a view keeps the storage alive, and costs nothing
+    EXPECT_EQ(dev->mem_used_bytes(), 400u);
+  }
+  EXPECT_EQ(dev->mem_used_bytes(), 0u);
+  EXPECT_EQ(dev->mem_peak_bytes(), 600u);
+  dev->reset_mem_peak();
+  EXPECT_EQ(dev->mem_peak_bytes(), 0u);
+}
+
+TEST(Device, CopiesRoundTripAcrossDevices) {
+  auto cpu = create_device(DeviceSpec{.backend = "cpu"});
+  auto emu = create_device(DeviceSpec{.backend = "emu"});
+  const std::vector<float> host = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f};
+  Tensor a = cpu->empty(DType::kF32, {5});
+  Tensor b = emu->empty(DType::kF32, {5});
+  copy_from_host(a, host.data());
+  copy(b, a);
+  std::vector<float> back(5);
+  copy_to_host(back.data(), b);
+  EXPECT_EQ(back, host);
+  Tensor zero = cpu->zeros(DType::kF32, {3});
+  EXPECT_EQ(zero.data_as<float>()[2], 0.0f);
+  EXPECT_THAT(error_of([&] { copy(cpu->empty(DType::kF32, {4}), a); }, ErrorCode::kInvalidArgument),
+              HasSubstr("element count must match"));
+}
+
+TEST(Device, ZeroSizedTensorsAreValid) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Tensor t = dev->empty(DType::kF32, {0, 8});
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_NE(t.data(), nullptr);
+}
+
+}  // namespace
+}  // namespace h2

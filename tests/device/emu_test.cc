@@ -1,0 +1,110 @@
+// The emulated chip: pacing arithmetic against a fake clock, profiles and their errors.
+#include "device/emu/device.h"
+#include "device/registry.h"
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::error_of;
+
+// A clock that only moves when the pacer sleeps; `oversleep` is added to every sleep, as a real OS does.
+struct FakeTime {
+  double now = 0.0;
+  double oversleep = 0.0;
+  std::vector<double> sleeps;
+  Pacer make(double speed, double bandwidth_gbps) {
+    return Pacer(
+        speed, bandwidth_gbps, [this] { return now; },
+        [this](double s) {
+          sleeps.push_back(s);
+          now += s + oversleep;
+        });
+  }
+};
+
+TEST(Pacer, HalfSpeedDoublesKernelTime) {
+  FakeTime time;
+  Pacer pacer = time.make(0.5, 0.0);
+  pacer.after_kernel(0.010);  // a 10 ms kernel on the host should take 20 ms on a half-speed chip
+  ASSERT_EQ(time.sleeps.size(), 1u);
+  EXPECT_DOUBLE_EQ(time.sleeps[0], 0.010);
+  EXPECT_DOUBLE_EQ(pacer.debt_seconds(), 0.0);
+}
+
+TEST(Pacer, SmallDebtsWaitForTheThresholdThenFlush) {
+  FakeTime time;
+  Pacer pacer = time.make(0.25, 0.0);
+  pacer.after_kernel(20e-6);  // owes 60 us: below the threshold, no sleep yet
+  EXPECT_TRUE(time.sleeps.empty());
+  EXPECT_NEAR(pacer.debt_seconds(), 60e-6, 1e-12);
+  pacer.flush();
+  ASSERT_EQ(time.sleeps.size(), 1u);
+  EXPECT_NEAR(time.sleeps[0], 60e-6, 1e-12);
+}
+
+TEST(Pacer, OversleepIsPaidBackByLaterKernels) {
+  FakeTime time;
+  time.oversleep = 0.001;
+  Pacer pacer = time.make(0.5, 0.0);
+  pacer.after_kernel(0.002);  // owes 2 ms, sleeps 3 ms: 1 ms ahead
+  EXPECT_NEAR(pacer.debt_seconds(), -0.001, 1e-12);
+  pacer.after_kernel(0.0005);  // owes 0.5 ms more: still ahead, no sleep
+  EXPECT_EQ(time.sleeps.size(), 1u);
+  EXPECT_NEAR(pacer.debt_seconds(), -0.0005, 1e-12);
+}
+
+TEST(Pacer, CopiesFollowTheBandwidth) {
+  FakeTime time;
+  Pacer pacer = time.make(1.0, 2.0);    // 2 GB/s
+  pacer.after_copy(4'000'000, 0.0005);  // 4 MB should take 2 ms; the host took 0.5 ms
+  ASSERT_EQ(time.sleeps.size(), 1u);
+  EXPECT_NEAR(time.sleeps[0], 0.0015, 1e-12);
+  pacer.after_copy(1000, 0.001);  // the host was slower than the chip: nothing owed
+  EXPECT_EQ(time.sleeps.size(), 1u);
+}
+
+TEST(EmuProfiles, LoadsTheShippedExample) {
+  const auto profiles =
+      load_emu_profiles(ConfigNode::load_file(std::string(H2_SOURCE_DIR) + "/examples/emu_chips.yaml"));
+  ASSERT_EQ(profiles.size(), 2u);
+  EXPECT_EQ(profiles[1].chip, "slow-big");
+  EXPECT_DOUBLE_EQ(profiles[1].speed, 0.5);
+  EXPECT_EQ(profiles[1].mem_capacity_bytes, size_t{1024} << 20);
+  EXPECT_EQ(find_emu_profile(profiles, "fast-small", "f").chip, "fast-small");
+  EXPECT_THAT(error_of([&] { find_emu_profile(profiles, "tpu", "chips.yaml"); }, ErrorCode::kNotFound),
+              HasSubstr("chips.yaml: no chip named 'tpu'; the file defines: fast-small, slow-big"));
+}
+
+TEST(EmuProfiles, BadFieldsAreNamed) {
+  auto load = [](const std::string& text) { return load_emu_profiles(ConfigNode::parse_string(text, "c.yaml")); };
+  EXPECT_THAT(error_of([&] { load("chips:\n  - {name: a, speed: 2.0, memory_mib: 1}\n"); }, ErrorCode::kConfig),
+              HasSubstr("field 'chips[0].speed': must be in (0, 1]"));
+  EXPECT_THAT(error_of([&] { load("chips:\n  - {name: a, speed: 1, memory_mib: -4}\n"); }, ErrorCode::kConfig),
+              HasSubstr("field 'chips[0].memory_mib': must be positive"));
+  EXPECT_THAT(error_of([&] { load("chips:\n  - {name: a, sped: 1, memory_mib: 4}\n"); }, ErrorCode::kConfig),
+              HasSubstr("did you mean 'speed'"));
+  EXPECT_THAT(error_of(
+                  [&] {
+                    load(
+                        "chips:\n  - {name: a, speed: 1, memory_mib: 4}\n  - {name: a, speed: 1, "
+                        "memory_mib: 4}\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("defined twice"));
+  EXPECT_THAT(error_of([&] { load("chips: []\n"); }, ErrorCode::kConfig), HasSubstr("lists no chips"));
+}
+
+TEST(EmuDevice, TakesItsPropertiesFromTheProfile) {
+  EmuProfile p{.chip = "small", .speed = 0.5, .mem_capacity_bytes = 4096, .mem_bandwidth_gbps = 3.0};
+  auto dev = create_device(DeviceSpec{.backend = "emu", .index = 1, .emu = p});
+  EXPECT_TRUE(dev->props().emulated);
+  EXPECT_EQ(dev->props().chip, "small");
+  EXPECT_EQ(dev->props().mem_capacity_bytes, 4096u);
+  EXPECT_THAT(error_of([&] { dev->empty(DType::kF32, {2048}); }, ErrorCode::kOutOfMemory),
+              HasSubstr("emu:1 (chip 'small')"));
+}
+
+}  // namespace
+}  // namespace h2

@@ -1,0 +1,99 @@
+// Bad arguments to ops: each gives an Error naming the op, the argument and the shapes.
+#include "device/registry.h"
+#include "ops/ops.h"
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::error_of;
+
+class OpsErrors : public ::testing::Test {
+ protected:
+  std::unique_ptr<Device> dev_ = create_device(DeviceSpec{.backend = "cpu"});
+  Tensor f32(Shape s) { return dev_->zeros(DType::kF32, s); }
+};
+
+TEST_F(OpsErrors, MatmulWithMismatchedWeight) {
+  const std::string msg = error_of(
+      [&] {
+        ops::matmul_forward(f32({4, 8}), f32({4, 6}), f32({8, 5}), Tensor());
+      },
+      ErrorCode::kInvalidArgument);
+  EXPECT_THAT(msg, HasSubstr("matmul_forward: 'weight' has shape [8, 5] but 'inp' has shape [4, 6]"));
+}
+
+TEST_F(OpsErrors, MatmulWithWrongOutputSize) {
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::matmul_forward(f32({4, 7}), f32({4, 6}), f32({8, 6}), Tensor());
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("argument 'out' has shape [4, 7] (28 elements) but needs 32 elements"));
+}
+
+TEST_F(OpsErrors, ElementwiseShapesAndDtypesMustMatch) {
+  EXPECT_THAT(error_of([&] { ops::gelu_forward(f32({3}), f32({4})); }, ErrorCode::kInvalidArgument),
+              HasSubstr("gelu_forward: argument 'inp' has shape [4] but 'out' has shape [3]"));
+  Tensor b = dev_->empty(DType::kBF16, {3});
+  EXPECT_THAT(error_of([&] { ops::residual_forward(f32({3}), f32({3}), b); }, ErrorCode::kInvalidArgument),
+              HasSubstr("'inp2' is bf16 but 'out' is f32"));
+}
+
+TEST_F(OpsErrors, AttentionHeadsMustDivideChannels) {
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::attention_forward(f32({1, 2, 10}), f32({1, 3, 2, 2}), f32({1, 2, 30}), 3);
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("C = 10 is not divisible by num_heads = 3"));
+}
+
+TEST_F(OpsErrors, TokensOutOfRangeAreNamed) {
+  Tensor tokens = dev_->zeros(DType::kI32, {1, 2});
+  tokens.data_as<int32_t>()[1] = 9;
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::encoder_forward(f32({1, 2, 4}), tokens, f32({5, 4}), f32({2, 4}));
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("'tokens' element 1 is 9, outside [0, 5)"));
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::crossentropy_forward_backward(f32({2}), f32({2, 5}), f32({2, 5}), tokens, 1.0f);
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("and not -1 (ignore)"));
+}
+
+TEST_F(OpsErrors, WrongDtypeAndUndefinedTensors) {
+  Tensor ints = dev_->zeros(DType::kI32, {4});
+  EXPECT_THAT(error_of([&] { ops::scale(ints, 2.0f); }, ErrorCode::kInvalidArgument),
+              HasSubstr("scale: argument 'x' is i32 but must be f32"));
+  EXPECT_THAT(error_of([&] { ops::gelu_forward(Tensor(), f32({1})); }, ErrorCode::kInvalidArgument),
+              HasSubstr("'out' is an undefined tensor"));
+}
+
+TEST_F(OpsErrors, TensorsOnDifferentDevices) {
+  auto other = create_device(DeviceSpec{.backend = "ref"});
+  Tensor x = other->zeros(DType::kF32, {3});
+  EXPECT_THAT(error_of([&] { ops::gelu_forward(f32({3}), x); }, ErrorCode::kInvalidArgument),
+              HasSubstr("on different devices (cpu:0 and ref:0)"));
+}
+
+TEST_F(OpsErrors, AdamwStepIsOneBased) {
+  AdamwParams hp{.step = 0};
+  EXPECT_THAT(
+      error_of([&] { ops::adamw_update(f32({2}), f32({2}), f32({2}), f32({2}), hp); }, ErrorCode::kInvalidArgument),
+      HasSubstr("step must be >= 1"));
+}
+
+TEST_F(OpsErrors, EmptyBatchesAreValid) {
+  ops::matmul_forward(f32({0, 6}), f32({0, 6}), f32({8, 6}), Tensor());
+  ops::gelu_forward(f32({0}), f32({0}));
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace h2
