@@ -22,11 +22,12 @@ using bf16_t = uint16_t;
 inline float bf16_to_f32(bf16_t value) { return std::bit_cast<float>(static_cast<uint32_t>(value) << 16); }
 
 // Round to nearest, ties to even; NaN stays NaN (a quiet NaN is forced so that rounding cannot turn it into inf).
+// Branch-free (a select, not an early return) so that loops over it vectorise.
 inline bf16_t f32_to_bf16(float value) {
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((bits >> 16) | 0x0040u);
-  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<bf16_t>((bits + rounding) >> 16);
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+  return static_cast<bf16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 }  // namespace h2

@@ -139,9 +139,10 @@ TEST(GradCheck, CrossEntropy) {
 
 TEST(ClosedForm, AttentionOverOnePositionReturnsItsValue) {
   const int C = 4;
-  Vec qkv = random_vec(3 * C, 1), out(C), att(1);
+  Vec qkv = random_vec(3 * C, 1), out(C), att(2);  // (B, NH, T, T) = (1, 2, 1, 1)
   ref::attention_forward(out.data(), att.data(), qkv.data(), 1, 1, C, 2);
   EXPECT_DOUBLE_EQ(att[0], 1.0);
+  EXPECT_DOUBLE_EQ(att[1], 1.0);
   for (int i = 0; i < C; ++i) EXPECT_DOUBLE_EQ(out[i], qkv[2 * C + i]);
 }
 

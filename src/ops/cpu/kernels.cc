@@ -17,6 +17,7 @@ namespace h2 {
 namespace {
 
 using cpu::vexp;
+using cpu::vsigmoid;
 using cpu::vtanh;
 
 // Rows per tile of the causal attention: a tile of queries only needs the keys up to its last row, so tiling
@@ -43,7 +44,8 @@ void gelu_forward_impl(void* out_, const void* inp_, int64_t N) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float x = IO::load(inp, i);
-    IO::store(out, i, 0.5f * x * (1.0f + vtanh(s * (x + k * x * x * x))));
+    // 0.5 (1 + tanh(u)) = sigmoid(2u): one exponential and one division per element.
+    IO::store(out, i, x * vsigmoid(2.0f * s * (x + k * x * x * x)));
   }
 }
 
@@ -244,7 +246,8 @@ class CpuKernels final : public Kernels {
         for (int t = r0; t < r1; ++t) {
           float* row = a + int64_t{t} * T;
           float max = -INFINITY;
-          for (int t2 = 0; t2 <= t; ++t2) max = std::max(max, row[t2]);
+#pragma omp simd reduction(max : max)
+          for (int t2 = 0; t2 <= t; ++t2) max = row[t2] > max ? row[t2] : max;
           float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
           for (int t2 = 0; t2 <= t; ++t2) {
@@ -341,7 +344,7 @@ class CpuKernels final : public Kernels {
       }
       float max = -INFINITY;
 #pragma omp simd reduction(max : max)
-      for (int v = 0; v < V; ++v) max = std::max(max, x[v]);
+      for (int v = 0; v < V; ++v) max = x[v] > max ? x[v] : max;
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int v = 0; v < V; ++v) {

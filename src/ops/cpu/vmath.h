@@ -13,7 +13,8 @@ namespace h2::cpu {
 
 inline float vexp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // keep 2^n a normal float
-  const float n = __builtin_floorf(x * 1.44269504f + 0.5f);
+  // Round to nearest by adding and subtracting 1.5 * 2^23 (floorf would block vectorisation in GCC 12).
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
   const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;
   float p = 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
@@ -31,5 +32,8 @@ inline float vtanh(float u) {
   u = u < -9.0f ? -9.0f : (u > 9.0f ? 9.0f : u);
   return 1.0f - 2.0f / (vexp(2.0f * u) + 1.0f);
 }
+
+// The logistic function 1 / (1 + exp(-x)); exp's clamp keeps the denominator finite.
+inline float vsigmoid(float x) { return 1.0f / (1.0f + vexp(-x)); }
 
 }  // namespace h2::cpu

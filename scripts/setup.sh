@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs the Debian packages H2 needs (only those missing; quiet when all are present) and builds it.
+#   scripts/setup.sh           Release build in build/
+#   scripts/setup.sh --asan    AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+preset=release
+case "${1:-}" in
+  "") ;;
+  --asan) preset=asan ;;
+  *) echo "usage: scripts/setup.sh [--asan]" >&2; exit 2 ;;
+esac
+
+# Why each package: compiler and build tools; OpenBLAS in its OpenMP flavour (one thread pool shared with our
+# kernels); yaml-cpp for cluster/model/train files; CLI11 for the h2 command; GoogleTest/GoogleMock for tests.
+packages=(g++ cmake make pkg-config libopenblas-openmp-dev libyaml-cpp-dev libcli11-dev libgtest-dev libgmock-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >/dev/null
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+cmake --preset "$preset" >/dev/null
+build_dir=build
+[ "$preset" = asan ] && build_dir=build-asan
+log=$(mktemp)
+if ! cmake --build "$build_dir" -j"$(nproc)" >"$log" 2>&1; then
+  cat "$log" >&2
+  rm -f "$log"
+  echo "setup: the build failed (full log above)" >&2
+  exit 1
+fi
+grep -E "warning:" "$log" >&2 || true  # the build is meant to be warning-free: show any that appear
+rm -f "$log"
+echo "setup: built $build_dir/h2" >&2
