@@ -13,8 +13,10 @@ case "${1:-}" in
 esac
 
 # Why each package: compiler and build tools; OpenBLAS in its OpenMP flavour (one thread pool shared with our
-# kernels); yaml-cpp for cluster/model/train files; CLI11 for the h2 command; GoogleTest/GoogleMock for tests.
-packages=(g++ cmake make pkg-config libopenblas-openmp-dev libyaml-cpp-dev libcli11-dev libgtest-dev libgmock-dev)
+# kernels); yaml-cpp for cluster/model/train files; CLI11 for the h2 command; nlohmann-json for JSON files
+# (tokenizer, checkpoints, plans); GoogleTest/GoogleMock for tests.
+packages=(g++ cmake make pkg-config libopenblas-openmp-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libgtest-dev
+  libgmock-dev)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -45,3 +47,6 @@ fi
 grep -E "warning:" "$log" >&2 || true  # the build is meant to be warning-free: show any that appear
 rm -f "$log"
 echo "setup: built $build_dir/h2" >&2
+# The sample data of the built-in example (cached under data/ after the first time).
+[ "$preset" = release ] && scripts/fetch_data.sh
+exit 0

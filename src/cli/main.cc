@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   h2::cli::Command selected;
   h2::cli::register_check(app, selected);
   h2::cli::register_devices(app, selected);
+  h2::cli::register_train(app, selected);
 
   try {
     app.parse(argc, argv);

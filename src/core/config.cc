@@ -134,8 +134,45 @@ std::string ConfigNode::as_string() const {
   return node_.Scalar();
 }
 
+void ConfigNode::apply_override(const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("--set expects KEY=VALUE (e.g. train.steps=20), got '", assignment, "'"));
+  }
+  const std::string key = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, cat("--set ", key, ": the value is not valid YAML: ", e.msg));
+  }
+  if (!node_.IsMap() && !node_.IsNull()) {
+    throw Error(ErrorCode::kInvalidArgument, cat("--set ", key, ": ", file_, " is not a mapping"));
+  }
+  YAML::Node cur = node_;  // yaml-cpp nodes are references; reset() rebinds, operator= would overwrite
+  std::stringstream parts(key);
+  std::string part, path;
+  std::vector<std::string> keys;
+  while (std::getline(parts, part, '.')) keys.push_back(part);
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    path += (path.empty() ? "" : ".") + keys[i];
+    YAML::Node next = cur[keys[i]];
+    if (!next.IsDefined() || next.IsNull()) {
+      cur[keys[i]] = YAML::Node(YAML::NodeType::Map);
+      next.reset(cur[keys[i]]);
+    } else if (!next.IsMap()) {
+      throw Error(ErrorCode::kInvalidArgument, cat("--set ", key, ": '", path, "' in ", file_, " is not a mapping"));
+    }
+    cur.reset(next);
+  }
+  cur[keys.back()] = value;
+}
+
 void ConfigNode::allow_only(std::initializer_list<const char*> allowed) const {
-  for (const std::string& key : keys()) {
+  if (!node_.IsMap()) fail(cat("expected a mapping, got ", node_kind(node_)));
+  for (const auto& kv : node_) {
+    const std::string key = kv.first.as<std::string>();
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
     std::string best;
     size_t best_distance = 3;  // suggest only near misses
@@ -143,11 +180,12 @@ void ConfigNode::allow_only(std::initializer_list<const char*> allowed) const {
       size_t d = edit_distance(key, candidate);
       if (d < best_distance) best_distance = d, best = candidate;
     }
-    ConfigNode child(node_[key], file_, child_field(key));
     std::string valid;
     for (const char* candidate : allowed) valid += (valid.empty() ? "" : ", ") + std::string(candidate);
-    child.fail(best.empty() ? cat("unknown field; valid fields here: ", valid)
-                            : cat("unknown field; did you mean '", best, "'?"));
+    // Located at the key, where the typo is.
+    ConfigNode(kv.first, file_, child_field(key))
+        .fail(best.empty() ? cat("unknown field; valid fields here: ", valid)
+                           : cat("unknown field; did you mean '", best, "'?"));
   }
 }
 

@@ -38,6 +38,10 @@ class ConfigNode {
   template <typename T>
   T get(const std::string& key, const T& fallback) const;
 
+  // Applies a command-line override "a.b.c=VALUE" (VALUE parsed as YAML) to this tree, creating mappings on
+  // the way. Throws Error(kInvalidArgument) for a malformed assignment or a path through a non-mapping.
+  void apply_override(const std::string& assignment);
+
   // Errors on any key not in `allowed`, suggesting the nearest allowed one.
   void allow_only(std::initializer_list<const char*> allowed) const;
 

@@ -96,6 +96,7 @@ class Kernels {
   virtual void residual_forward(void* out, const void* inp1, const void* inp2, DType dtype, int64_t N) const;
   // Fused softmax + cross-entropy and its gradient. logits (N,V); targets (N) in [0, V) or -1 (ignored: loss 0,
   // gradient 0). losses (N) = -log softmax(logits)[target]; dlogits (N,V) = (softmax - onehot) * dloss.
+  // dlogits may be the logits buffer itself (the model overwrites its logits with their gradient).
   virtual void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                              float dloss, int64_t N, int V) const;
   // One AdamW step over N parameters, in place on params, m, v.

@@ -342,6 +342,7 @@ class CpuKernels final : public Kernels {
         std::fill(dx, dx + V, 0.0f);
         continue;
       }
+      const float target_logit = x[target];  // read before dx is written: dx may alias x
       float max = -INFINITY;
 #pragma omp simd reduction(max : max)
       for (int v = 0; v < V; ++v) max = x[v] > max ? x[v] : max;
@@ -351,7 +352,7 @@ class CpuKernels final : public Kernels {
         dx[v] = vexp(x[v] - max);
         sum += dx[v];
       }
-      losses[n] = std::log(sum) + max - x[target];
+      losses[n] = std::log(sum) + max - target_logit;
       const float inv = dloss / sum;
 #pragma omp simd
       for (int v = 0; v < V; ++v) dx[v] *= inv;

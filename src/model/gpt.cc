@@ -1,0 +1,323 @@
+// The GPT model: parameter layout, GPT-2 initialisation, and the forward and backward passes of a range.
+#include "model/gpt.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+
+namespace h2 {
+namespace {
+
+// FNV-1a: a stable hash of a parameter name, so its initial values depend on nothing else.
+uint64_t name_hash(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  bool decay;
+  bool transposed;
+};
+
+}  // namespace
+
+TransformerShape GptConfig::shape() const {
+  return TransformerShape{.layers = n_layer,
+                          .hidden = n_embd,
+                          .heads = n_head,
+                          .kv_heads = n_head,
+                          .ffn = 4 * int64_t{n_embd},
+                          .vocab = vocab_size,
+                          .seq_len = seq_len,
+                          .tied_embeddings = true};
+}
+
+void GptConfig::validate() const {
+  for (auto [value, name] : {std::pair{n_layer, "n_layer"},
+                             {n_head, "n_head"},
+                             {n_embd, "n_embd"},
+                             {vocab_size, "vocab_size"},
+                             {seq_len, "seq_len"}}) {
+    if (value <= 0) throw Error(ErrorCode::kInvalidArgument, cat("model: ", name, " must be positive, got ", value));
+  }
+  if (n_embd % n_head != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("model: n_head = ", n_head, " does not divide n_embd = ", n_embd, "; pick heads that divide it"));
+  }
+}
+
+GptConfig GptConfig::from_config(const ConfigNode& node) {
+  node.allow_only({"n_layer", "n_head", "n_embd", "vocab_size", "seq_len"});
+  GptConfig c;
+  auto positive = [&](const char* key) {
+    const int64_t v = node.get<int64_t>(key);
+    if (v <= 0 || v > (int64_t{1} << 30)) node.at(key).fail(cat("must be a positive integer, got ", v));
+    return static_cast<int>(v);
+  };
+  c.n_layer = positive("n_layer");
+  c.n_head = positive("n_head");
+  c.n_embd = positive("n_embd");
+  c.vocab_size = positive("vocab_size");
+  c.seq_len = positive("seq_len");
+  if (c.n_embd % c.n_head != 0) {
+    node.at("n_head").fail(cat("n_head = ", c.n_head, " does not divide n_embd = ", c.n_embd));
+  }
+  return c;
+}
+
+Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T)
+    : config_(config), range_(range), device_(&device), B_(B), T_(T) {
+  config_.validate();
+  if (range.first_block < 0 || range.end_block > config.n_layer || range.first_block > range.end_block) {
+    throw Error(ErrorCode::kInvalidArgument, cat("model range: blocks [", range.first_block, ", ", range.end_block,
+                                                 ") are outside the model's ", config.n_layer, " blocks"));
+  }
+  if (B <= 0 || T <= 0 || T > config.seq_len) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("model: batch ", B, " x sequence ", T,
+                    " must be positive with the sequence at most seq_len = ", config.seq_len));
+  }
+  const int64_t C = config.n_embd, V = config.vocab_size;
+  const int64_t NH = config.n_head, bt = int64_t{B} * T;
+
+  // Parameters, in Hugging Face GPT-2 order.
+  std::vector<ParamSpec> specs;
+  if (range.embedding || range.head) specs.push_back({"wte.weight", {V, C}, true, false});
+  if (range.embedding) specs.push_back({"wpe.weight", {config.seq_len, C}, true, false});
+  for (int b = range.first_block; b < range.end_block; ++b) {
+    const std::string p = cat("h.", b, ".");
+    specs.push_back({p + "ln_1.weight", {C}, false, false});
+    specs.push_back({p + "ln_1.bias", {C}, false, false});
+    specs.push_back({p + "attn.c_attn.weight", {3 * C, C}, true, true});
+    specs.push_back({p + "attn.c_attn.bias", {3 * C}, false, false});
+    specs.push_back({p + "attn.c_proj.weight", {C, C}, true, true});
+    specs.push_back({p + "attn.c_proj.bias", {C}, false, false});
+    specs.push_back({p + "ln_2.weight", {C}, false, false});
+    specs.push_back({p + "ln_2.bias", {C}, false, false});
+    specs.push_back({p + "mlp.c_fc.weight", {4 * C, C}, true, true});
+    specs.push_back({p + "mlp.c_fc.bias", {4 * C}, false, false});
+    specs.push_back({p + "mlp.c_proj.weight", {C, 4 * C}, true, true});
+    specs.push_back({p + "mlp.c_proj.bias", {C}, false, false});
+  }
+  if (range.head) {
+    specs.push_back({"ln_f.weight", {C}, false, false});
+    specs.push_back({"ln_f.bias", {C}, false, false});
+  }
+  int64_t total = 0;
+  for (const ParamSpec& s : specs) total += s.shape.numel();
+  flat_params_ = device.empty(DType::kF32, {total});
+  flat_grads_ = device.zeros(DType::kF32, {total});
+  int64_t offset = 0;
+  for (const ParamSpec& s : specs) {
+    const int64_t n = s.shape.numel();
+    params_.push_back({s.name, flat_params_.slice(offset, offset + n).reshape(s.shape),
+                       flat_grads_.slice(offset, offset + n).reshape(s.shape), s.decay, s.transposed});
+    offset += n;
+  }
+  auto find = [&](const std::string& name) {
+    for (const Param& p : params_) {
+      if (p.name == name) return p.value;
+    }
+    H2_CHECK(false) << "no parameter " << name;
+    return Tensor();
+  };
+  if (range.embedding || range.head) wte_ = find("wte.weight");
+  if (range.embedding) wpe_ = find("wpe.weight");
+  if (range.head) {
+    lnf_w_ = find("ln_f.weight");
+    lnf_b_ = find("ln_f.bias");
+  }
+  for (int b = range.first_block; b < range.end_block; ++b) {
+    const std::string p = cat("h.", b, ".");
+    blocks_.push_back({find(p + "ln_1.weight"), find(p + "ln_1.bias"), find(p + "attn.c_attn.weight"),
+                       find(p + "attn.c_attn.bias"), find(p + "attn.c_proj.weight"), find(p + "attn.c_proj.bias"),
+                       find(p + "ln_2.weight"), find(p + "ln_2.bias"), find(p + "mlp.c_fc.weight"),
+                       find(p + "mlp.c_fc.bias"), find(p + "mlp.c_proj.weight"), find(p + "mlp.c_proj.bias")});
+  }
+
+  // Activations for one micro-batch (model/costs.h counts the same tensors).
+  auto f32 = [&](Shape s) { return device.empty(DType::kF32, s); };
+  if (range.embedding) encoded_ = f32({B, T, C});
+  for (int b = range.first_block; b < range.end_block; ++b) {
+    acts_.push_back({f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * C}), f32({B, T, C}), f32({B, NH, T, T}),
+                     f32({B, T, C}), f32({B, T, C}), f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * C}),
+                     f32({B, T, 4 * C}), f32({B, T, C}), f32({B, T, C})});
+  }
+  if (range.head) {
+    lnf_ = f32({B, T, C});
+    lnf_mean_ = f32({bt});
+    lnf_rstd_ = f32({bt});
+    logits_ = f32({B, T, V});
+    losses_ = f32({bt});
+    g_lnf_ = f32({B, T, C});
+  }
+  g_a_ = f32({B, T, C});
+  g_b_ = f32({B, T, C});
+  if (!blocks_.empty()) {
+    g_ln_ = f32({B, T, C});
+    g_tmp_ = f32({B, T, C});
+    g_res2_ = f32({B, T, C});
+    g_atty_ = f32({B, T, C});
+    g_qkv_ = f32({B, T, 3 * C});
+    g_fch_ = f32({B, T, 4 * C});
+    g_fch_gelu_ = f32({B, T, 4 * C});
+  }
+}
+
+void Gpt::init(uint64_t seed) {
+  const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * config_.n_layer);
+  for (const Param& p : params_) {
+    std::vector<float> host(static_cast<size_t>(p.value.numel()));
+    const bool is_bias = p.name.ends_with(".bias");
+    const bool is_norm_gain = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
+    if (is_norm_gain) {
+      std::fill(host.begin(), host.end(), 1.0f);
+    } else if (!is_bias) {
+      const double s = p.name.ends_with("c_proj.weight") ? proj_std : std;
+      Rng rng(seed ^ name_hash(p.name));
+      for (float& x : host) x = static_cast<float>(rng.normal() * s);
+    }
+    copy_from_host(p.value, host.data());
+  }
+}
+
+void Gpt::zero_grads() {
+  std::vector<float> zeros(static_cast<size_t>(flat_grads_.numel()), 0.0f);
+  copy_from_host(flat_grads_, zeros.data());
+}
+
+const Tensor& Gpt::output() const {
+  H2_CHECK(!range_.head) << "a range with the head has logits, not an output activation";
+  return acts_.empty() ? (range_.embedding ? encoded_ : input_) : acts_.back().res3;
+}
+
+const Tensor& Gpt::logits() const {
+  H2_CHECK(range_.head);
+  return logits_;
+}
+
+const Tensor& Gpt::dinput() const {
+  H2_CHECK(!range_.embedding) << "a range with the embedding has no input activation";
+  return g_a_;
+}
+
+void Gpt::block_forward(int b, const Tensor& x) {
+  const BlockParams& w = blocks_[static_cast<size_t>(b)];
+  BlockActs& a = acts_[static_cast<size_t>(b)];
+  ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
+  ops::matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b);
+  ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head);
+  ops::matmul_forward(a.attproj, a.atty, w.proj_w, w.proj_b);
+  ops::residual_forward(a.res2, x, a.attproj);
+  ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b);
+  ops::matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b);
+  ops::gelu_forward(a.fch_gelu, a.fch);
+  ops::matmul_forward(a.fcproj, a.fch_gelu, w.fcproj_w, w.fcproj_b);
+  ops::residual_forward(a.res3, a.res2, a.fcproj);
+}
+
+void Gpt::forward(const Tensor& input) {
+  const Tensor* x = nullptr;
+  if (range_.embedding) {
+    if (input.dtype() != DType::kI32 || !(input.shape() == Shape{B_, T_})) {
+      throw Error(ErrorCode::kInvalidArgument, cat("model forward: expected tokens i32 [", B_, ", ", T_, "], got ",
+                                                   dtype_name(input.dtype()), " ", input.shape().str()));
+    }
+    tokens_ = input;
+    ops::encoder_forward(encoded_, input, wte_, wpe_);
+    x = &encoded_;
+  } else {
+    if (input.dtype() != DType::kF32 || input.numel() != int64_t{B_} * T_ * config_.n_embd) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  cat("model forward: expected activations f32 [", B_, ", ", T_, ", ", config_.n_embd, "], got ",
+                      dtype_name(input.dtype()), " ", input.shape().str()));
+    }
+    input_ = input;
+    x = &input_;
+  }
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    block_forward(static_cast<int>(b), *x);
+    x = &acts_[b].res3;
+  }
+  if (range_.head) {
+    ops::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, *x, lnf_w_, lnf_b_);
+    ops::matmul_forward(logits_, lnf_, wte_, Tensor());  // tied head: logits = ln_f(x) @ wte^T
+  }
+}
+
+float Gpt::loss(const Tensor& targets, float grad_scale) {
+  H2_CHECK(range_.head) << "loss() needs the head";
+  if (targets.dtype() != DType::kI32 || targets.numel() != int64_t{B_} * T_) {
+    throw Error(ErrorCode::kInvalidArgument, cat("model loss: expected targets i32 [", B_, ", ", T_, "], got ",
+                                                 dtype_name(targets.dtype()), " ", targets.shape().str()));
+  }
+  std::vector<int32_t> host(static_cast<size_t>(targets.numel()));
+  copy_to_host(host.data(), targets);
+  int64_t counted = 0;
+  for (int32_t t : host) counted += t >= 0;
+  const float dloss = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.0f;
+  // The gradient is written over the logits: they are not needed again, and this saves a (B,T,V) buffer.
+  ops::crossentropy_forward_backward(losses_, logits_, logits_, targets.reshape({int64_t{B_} * T_}), dloss);
+  std::vector<float> losses(static_cast<size_t>(losses_.numel()));
+  copy_to_host(losses.data(), losses_);
+  double sum = 0.0;
+  for (float l : losses) sum += l;
+  return counted > 0 ? static_cast<float>(sum / static_cast<double>(counted)) : 0.0f;
+}
+
+// Gradient of one block. `dout` is the gradient of the block's output; `dx` receives its input's gradient.
+void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx) {
+  const BlockParams& w = blocks_[static_cast<size_t>(b)];
+  const BlockActs& a = acts_[static_cast<size_t>(b)];
+  auto g = [&](const Tensor& value) { return grad_of(value); };
+  // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))).
+  ops::matmul_backward(g_fch_gelu_, g(w.fcproj_w), g(w.fcproj_b), dout, a.fch_gelu, w.fcproj_w);
+  ops::gelu_backward(g_fch_, a.fch, g_fch_gelu_);
+  ops::matmul_backward(g_ln_, g(w.fc_w), g(w.fc_b), g_fch_, a.ln2, w.fc_w);
+  ops::layernorm_backward(g_tmp_, g(w.ln2_w), g(w.ln2_b), g_ln_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
+  ops::residual_forward(g_res2_, dout, g_tmp_);  // the residual path and the MLP path both reach res2
+  // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x)))).
+  ops::matmul_backward(g_atty_, g(w.proj_w), g(w.proj_b), g_res2_, a.atty, w.proj_w);
+  ops::attention_backward(g_qkv_, g_atty_, a.qkv, a.att, config_.n_head);
+  ops::matmul_backward(g_ln_, g(w.qkv_w), g(w.qkv_b), g_qkv_, a.ln1, w.qkv_w);
+  ops::layernorm_backward(g_tmp_, g(w.ln1_w), g(w.ln1_b), g_ln_, x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
+  ops::residual_forward(dx, g_res2_, g_tmp_);
+}
+
+void Gpt::backward(const Tensor& dout) {
+  // The gradient flowing backwards alternates between the two (B,T,C) buffers g_a_ and g_b_, ending in g_a_.
+  const size_t n = blocks_.size();
+  Tensor cur = n % 2 == 0 ? g_a_ : g_b_, next = n % 2 == 0 ? g_b_ : g_a_;
+  const Tensor& last_out = n > 0 ? acts_.back().res3 : (range_.embedding ? encoded_ : input_);
+  if (range_.head) {
+    ops::matmul_backward(g_lnf_, grad_of(wte_), Tensor(), logits_, lnf_, wte_);
+    ops::layernorm_backward(cur, grad_of(lnf_w_), grad_of(lnf_b_), g_lnf_, last_out, lnf_w_, lnf_mean_, lnf_rstd_);
+  } else {
+    if (!dout.defined() || dout.numel() != cur.numel()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  cat("model backward: expected the output gradient f32 [", B_, ", ", T_, ", ", config_.n_embd, "]"));
+    }
+    copy(cur, dout);
+  }
+  for (size_t i = n; i-- > 0;) {
+    const Tensor& x = i > 0 ? acts_[i - 1].res3 : (range_.embedding ? encoded_ : input_);
+    block_backward(static_cast<int>(i), x, cur, next);
+    std::swap(cur, next);
+  }
+  // `cur` is now g_a_ and holds the gradient of the range's input.
+  if (range_.embedding) ops::encoder_backward(grad_of(wte_), grad_of(wpe_), cur, tokens_);
+}
+
+// Gradients share the parameters' layout, so a parameter's gradient sits at the same offset of flat_grads_.
+Tensor Gpt::grad_of(const Tensor& value) const {
+  const int64_t offset = (value.data_as<float>() - flat_params_.data_as<float>());
+  H2_CHECK(offset >= 0 && offset + value.numel() <= flat_params_.numel()) << "not a parameter of this model";
+  return flat_grads_.slice(offset, offset + value.numel()).reshape(value.shape());
+}
+
+}  // namespace h2

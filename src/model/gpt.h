@@ -1,0 +1,123 @@
+// A GPT-2-style decoder (learned positions, pre-LayerNorm, GELU MLP, tied token embedding and output head)
+// over the op interface, on one device.
+//
+// The model is a sequence of pieces — embedding | block 0 | ... | block L-1 | head (final LayerNorm, logits,
+// loss) — and a Gpt object holds any contiguous range of them: the whole model for single-device training,
+// or one pipeline stage's range. A range without the embedding takes activations (B,T,C) as input and
+// returns the gradient of its input; a range without the head returns activations and takes their gradient.
+// A range with the head but not the embedding keeps its own copy of the tied `wte.weight` (Megatron's
+// approach: the first and last stage then sum that gradient between them).
+//
+// Parameters live in one flat f32 buffer (and gradients in another, same layout) with one named view per
+// tensor, in Hugging Face GPT-2 order and with its names. Memory: parameters, gradients and activations for
+// one micro-batch of B x T, as counted by model/costs.h, plus a few (B,T,C)-sized gradient scratch buffers.
+// Deliberately not here: dropout, KV caching for generation, mixed precision.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/tensor.h"
+#include "device/device.h"
+#include "model/costs.h"
+
+namespace h2 {
+
+struct GptConfig {
+  int n_layer = 0;
+  int n_head = 0;
+  int n_embd = 0;
+  int vocab_size = 0;
+  int seq_len = 0;  // the longest sequence: rows of the position table
+
+  TransformerShape shape() const;
+  // Reads n_layer, n_head, n_embd, vocab_size, seq_len; errors name the file and field.
+  static GptConfig from_config(const ConfigNode& node);
+  // Throws Error(kInvalidArgument) when a size is not positive or heads do not divide n_embd.
+  void validate() const;
+};
+
+// A contiguous range of the model's pieces.
+struct GptRange {
+  bool embedding = true;
+  int first_block = 0;
+  int end_block = 0;  // one past the last block
+  bool head = true;
+  static GptRange whole(const GptConfig& config) { return GptRange{true, 0, config.n_layer, true}; }
+};
+
+class Gpt {
+ public:
+  struct Param {
+    std::string name;    // Hugging Face GPT-2 name, e.g. "h.0.attn.c_attn.weight"
+    Tensor value;        // view into the flat parameter buffer
+    Tensor grad;         // view into the flat gradient buffer
+    bool weight_decay;   // matrices decay; biases and LayerNorm parameters do not (GPT-2 / nanoGPT)
+    bool hf_transposed;  // stored (in, out) in Hugging Face checkpoints, (out, in) here
+  };
+
+  // Allocates parameters, gradients and activations for micro-batches of B sequences of length T on `device`.
+  Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T);
+
+  const GptConfig& config() const { return config_; }
+  const GptRange& range() const { return range_; }
+  Device& device() const { return *device_; }
+  int batch() const { return B_; }
+  int seq() const { return T_; }
+  std::vector<Param>& params() { return params_; }
+  const Tensor& flat_params() const { return flat_params_; }
+  const Tensor& flat_grads() const { return flat_grads_; }
+  int64_t num_params() const { return flat_params_.numel(); }
+
+  // GPT-2 initialisation: N(0, 0.02) matrices, output projections scaled by 1/sqrt(2 n_layer), zero biases,
+  // unit LayerNorm gains. A parameter's values depend only on the seed and its name, so any range holds the
+  // same numbers as the whole model.
+  void init(uint64_t seed);
+  void zero_grads();
+
+  // Runs the range forward. `input` is tokens (B,T) i32 with the embedding, else activations (B,T,C).
+  // Without the head, the result is output(). With the head, the logits are logits() and nothing else.
+  void forward(const Tensor& input);
+  // With the head: the mean cross-entropy of the logits against `targets` (B,T) i32 (-1 = ignored), and the
+  // logits' gradient, scaled by grad_scale / (number of counted targets), written over the logits.
+  // grad_scale = 1 / micro-batches accumulates a mean over micro-batches. Returns the mean loss.
+  float loss(const Tensor& targets, float grad_scale = 1.0f);
+  // Back through the range. Without the head, `dout` (B,T,C) is the gradient of output(); with it, the
+  // gradient comes from loss(). Parameter gradients accumulate; without the embedding, dinput() is set.
+  void backward(const Tensor& dout = Tensor());
+
+  const Tensor& output() const;  // (B,T,C), without the head
+  const Tensor& logits() const;  // (B,T,V), with the head, after forward() and before loss()
+  const Tensor& dinput() const;  // (B,T,C), without the embedding, after backward()
+
+ private:
+  struct BlockParams {
+    Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+  };
+  struct BlockActs {
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, res3;
+  };
+  void add_param(const std::string& name, Shape shape, bool decay, bool transposed);
+  Tensor grad_of(const Tensor& value) const;
+  void block_forward(int b, const Tensor& x);
+  void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);
+
+  GptConfig config_;
+  GptRange range_;
+  Device* device_;
+  int B_, T_;
+  std::vector<Param> params_;
+  Tensor flat_params_, flat_grads_;
+  Tensor wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<BlockParams> blocks_;
+  // Activations.
+  Tensor tokens_, input_, encoded_;
+  std::vector<BlockActs> acts_;
+  Tensor lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  // Gradient scratch, reused by every block.
+  Tensor g_a_, g_b_, g_ln_, g_tmp_, g_res2_, g_atty_, g_qkv_, g_fch_, g_fch_gelu_, g_lnf_;
+};
+
+}  // namespace h2

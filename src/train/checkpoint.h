@@ -1,0 +1,49 @@
+// Checkpoints of a training run, one folder per save:
+//   <dir>/step_000100/model.safetensors      parameters, Hugging Face GPT-2 names and layouts
+//   <dir>/step_000100/optimizer.safetensors  AdamW moments "m.<name>", "v.<name>" (H2's layout)
+//   <dir>/step_000100/state.json             format version, step, model config, data position, file names
+//   <dir>/latest                             the name of the newest complete checkpoint
+// A save writes into "step_000100.tmp", renames it into place and only then points `latest` at it, so a crash
+// at any moment leaves the previous checkpoint intact and `latest` naming a complete one. Checkpoints are per
+// parameter name, so they do not depend on how a run split the model.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/dataset.h"
+#include "model/gpt.h"
+
+namespace h2 {
+
+inline constexpr int kCheckpointVersion = 1;
+
+struct CheckpointState {
+  int64_t step = 0;  // optimizer steps completed
+  GptConfig model;
+  LoaderPosition data;
+  uint64_t data_seed = 0;
+};
+
+// The optimizer state saved with the model: one m and one v tensor per parameter, flat like the parameters.
+struct OptimizerState {
+  Tensor m, v;
+};
+
+// Saves into `dir`/step_NNNNNN and keeps the newest `keep` checkpoints (0 = all). Returns the folder written.
+std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerState& optimizer,
+                            const CheckpointState& state, int keep);
+
+// The folder `latest` names in `dir`; Error(kNotFound) when there is none.
+std::string latest_checkpoint(const std::string& dir);
+
+// Reads state.json of a checkpoint folder. Error(kIo) naming the file when it is missing or malformed.
+CheckpointState read_checkpoint_state(const std::string& checkpoint);
+
+// Loads parameters (and the optimizer state when given) into `model`. Every parameter of the model must be in
+// the file with the right shape; errors name the file and the tensor.
+void load_checkpoint(const std::string& checkpoint, Gpt& model, const OptimizerState* optimizer);
+
+}  // namespace h2

@@ -1,0 +1,277 @@
+// The single-device training loop.
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/file.h"
+#include "core/log.h"
+#include "model/dataset.h"
+#include "ops/ops.h"
+#include "train/checkpoint.h"
+
+namespace h2 {
+namespace fs = std::filesystem;
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  }
+  return buf;
+}
+
+// Keeps the metrics file's lines up to `step` (a resumed run rewrites what follows) and returns a stream
+// appending to it.
+std::ofstream open_metrics(const std::string& path, int64_t keep_up_to_step) {
+  if (fs::exists(path)) {
+    std::istringstream in(read_file(path));
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      try {
+        if (nlohmann::json::parse(line).at("step").get<int64_t>() <= keep_up_to_step) kept += line + "\n";
+      } catch (const nlohmann::json::exception&) {
+        // A torn last line from a crash: drop it.
+      }
+    }
+    write_file_atomic(path, kept);
+  }
+  std::ofstream out(path, std::ios::app);
+  if (!out) throw Error(ErrorCode::kIo, cat(path, ": cannot open the metrics file for appending"));
+  return out;
+}
+
+}  // namespace
+
+TrainConfig TrainConfig::from_config(const ConfigNode& root) {
+  root.allow_only({"model", "data", "optim", "train", "device"});
+  TrainConfig c;
+  c.model = GptConfig::from_config(root.at("model"));
+  const ConfigNode data = root.at("data");
+  data.allow_only({"train", "val"});
+  c.train_data = data.get<std::string>("train");
+  c.val_data = data.get<std::string>("val", "");
+  if (auto optim = root.find("optim")) {
+    optim->allow_only({"lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip"});
+    c.lr = optim->get<double>("lr", c.lr);
+    c.min_lr = optim->get<double>("min_lr", c.min_lr);
+    c.warmup_steps = optim->get<int64_t>("warmup_steps", c.warmup_steps);
+    c.weight_decay = optim->get<double>("weight_decay", c.weight_decay);
+    c.beta1 = optim->get<double>("beta1", c.beta1);
+    c.beta2 = optim->get<double>("beta2", c.beta2);
+    c.eps = optim->get<double>("eps", c.eps);
+    c.grad_clip = optim->get<double>("grad_clip", c.grad_clip);
+    if (c.lr <= 0) optim->at("lr").fail("must be positive");
+    if (c.min_lr < 0 || c.min_lr > c.lr) optim->at("min_lr").fail("must be in [0, lr]");
+    if (c.warmup_steps < 0) optim->at("warmup_steps").fail("must be >= 0");
+    if (c.beta1 < 0 || c.beta1 >= 1) optim->at("beta1").fail("must be in [0, 1)");
+    if (c.beta2 < 0 || c.beta2 >= 1) optim->at("beta2").fail("must be in [0, 1)");
+    if (c.grad_clip < 0) optim->at("grad_clip").fail("must be >= 0 (0 = no clipping)");
+  }
+  const ConfigNode train = root.at("train");
+  train.allow_only({"batch_size", "seq_len", "steps", "seed", "log_every", "eval_every", "eval_batches",
+                    "checkpoint_every", "keep_checkpoints", "out_dir"});
+  auto positive = [&](const char* key, int64_t fallback) {
+    const int64_t v = train.get<int64_t>(key, fallback);
+    if (v <= 0) train.at(key).fail(cat("must be positive, got ", v));
+    return v;
+  };
+  auto non_negative = [&](const char* key, int64_t fallback) {
+    const int64_t v = train.get<int64_t>(key, fallback);
+    if (v < 0) train.at(key).fail(cat("must be >= 0, got ", v));
+    return v;
+  };
+  c.batch_size = static_cast<int>(positive("batch_size", c.batch_size));
+  c.seq_len = static_cast<int>(positive("seq_len", c.model.seq_len));
+  if (c.seq_len > c.model.seq_len) {
+    train.at("seq_len").fail(cat(c.seq_len, " exceeds model.seq_len = ", c.model.seq_len));
+  }
+  c.steps = positive("steps", c.steps);
+  c.seed = static_cast<uint64_t>(non_negative("seed", static_cast<int64_t>(c.seed)));
+  c.log_every = positive("log_every", c.log_every);
+  c.eval_every = non_negative("eval_every", c.eval_every);
+  c.eval_batches = static_cast<int>(positive("eval_batches", c.eval_batches));
+  c.checkpoint_every = non_negative("checkpoint_every", c.checkpoint_every);
+  c.keep_checkpoints = static_cast<int>(non_negative("keep_checkpoints", c.keep_checkpoints));
+  c.out_dir = train.get<std::string>("out_dir", c.out_dir);
+  if (auto device = root.find("device")) {
+    device->allow_only({"backend", "chips", "chip", "memory_mib"});
+    c.device.backend = device->get<std::string>("backend", "cpu");
+    if (device->has("chips")) {
+      const std::string chips = device->get<std::string>("chips");
+      const auto profiles = load_emu_profiles(ConfigNode::load_file(chips));
+      c.device.emu =
+          device->has("chip") ? find_emu_profile(profiles, device->get<std::string>("chip"), chips) : profiles.front();
+    }
+    if (device->has("memory_mib")) {
+      const int64_t mib = device->get<int64_t>("memory_mib");
+      if (mib <= 0) device->at("memory_mib").fail("must be positive");
+      c.device.mem_capacity_bytes = static_cast<size_t>(mib) << 20;
+    }
+  }
+  return c;
+}
+
+double learning_rate(const TrainConfig& c, int64_t step) {
+  if (step < c.warmup_steps) return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
+  const double span = static_cast<double>(std::max<int64_t>(1, c.steps - c.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - c.warmup_steps) / span);
+  return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+TrainResult train(const TrainConfig& c, const TrainOptions& options) {
+  auto device = create_device(c.device);
+  Gpt model(c.model, *device, GptRange::whole(c.model), c.batch_size, c.seq_len);
+  OptimizerState optimizer{device->zeros(DType::kF32, {model.num_params()}),
+                           device->zeros(DType::kF32, {model.num_params()})};
+  TokenLoader train_loader(expand_glob(c.train_data), c.batch_size, c.seq_len, c.seed, true);
+  std::unique_ptr<TokenLoader> val_loader;
+  if (!c.val_data.empty()) {
+    val_loader = std::make_unique<TokenLoader>(expand_glob(c.val_data), c.batch_size, c.seq_len, c.seed, false);
+  }
+  const std::string checkpoint_dir = (fs::path(c.out_dir) / "checkpoints").string();
+  fs::create_directories(c.out_dir);
+
+  int64_t step = 0;
+  if (options.resume || !options.resume_from.empty()) {
+    const std::string from = options.resume_from.empty() ? latest_checkpoint(checkpoint_dir) : options.resume_from;
+    const CheckpointState state = read_checkpoint_state(from);
+    const GptConfig& m = state.model;
+    if (m.n_layer != c.model.n_layer || m.n_head != c.model.n_head || m.n_embd != c.model.n_embd ||
+        m.vocab_size != c.model.vocab_size || m.seq_len != c.model.seq_len) {
+      throw Error(ErrorCode::kInvalidArgument, cat(from, ": the checkpoint's model (", m.n_layer, " layers, ", m.n_embd,
+                                                   " wide) is not the configured one"));
+    }
+    if (state.data_seed != c.seed) {
+      log_warn("resuming with seed ", c.seed, " but the checkpoint's data order used seed ", state.data_seed);
+    }
+    load_checkpoint(from, model, &optimizer);
+    train_loader.seek(state.data);
+    step = state.step;
+    log_info("resumed from ", from, " at step ", step);
+  } else {
+    model.init(c.seed);
+  }
+  if (step >= c.steps) {
+    log_info("nothing to do: the run is at step ", step, " of ", c.steps);
+    return TrainResult{.steps_done = step};
+  }
+  std::ofstream metrics = open_metrics((fs::path(c.out_dir) / "metrics.jsonl").string(), step);
+  log_info("training ", model.num_params(), " parameters on ", device->name(), " (", device->props().chip,
+           "): ", c.batch_size, " x ", c.seq_len, " tokens per step, steps ", step + 1, "..", c.steps, ", ",
+           train_loader.batches_per_epoch(), " batches per epoch");
+
+  Tensor tokens = device->empty(DType::kI32, {c.batch_size, c.seq_len});
+  Tensor targets = device->empty(DType::kI32, {c.batch_size, c.seq_len});
+  Tensor norm_acc = device->empty(DType::kF32, {1});
+  std::vector<int32_t> host_in, host_tgt;
+  TrainResult result;
+
+  auto evaluate = [&]() -> float {
+    if (!val_loader) return -1.0f;
+    val_loader->seek({0, 0});
+    const int batches =
+        static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(c.eval_batches), val_loader->batches_per_epoch()));
+    double sum = 0.0;
+    for (int i = 0; i < batches; ++i) {
+      val_loader->next(host_in, host_tgt);
+      copy_from_host(tokens, host_in.data());
+      copy_from_host(targets, host_tgt.data());
+      model.forward(tokens);
+      sum += model.loss(targets);
+    }
+    return static_cast<float>(sum / batches);
+  };
+  auto checkpoint = [&] {
+    save_checkpoint(checkpoint_dir, model, optimizer, CheckpointState{step, c.model, train_loader.position(), c.seed},
+                    c.keep_checkpoints);
+  };
+
+  const double t_start = now_seconds();
+  const int64_t first_step = step;
+  const double tokens_per_step = static_cast<double>(c.batch_size) * c.seq_len;
+  while (step < c.steps) {
+    const double t0 = now_seconds();
+    const double lr = learning_rate(c, step);
+    train_loader.next(host_in, host_tgt);
+    copy_from_host(tokens, host_in.data());
+    copy_from_host(targets, host_tgt.data());
+    model.zero_grads();
+    model.forward(tokens);
+    const float loss = model.loss(targets);
+    model.backward();
+    // Global gradient norm, then clipping (Pascanu et al. 2013).
+    const float zero = 0.0f;
+    copy_from_host(norm_acc, &zero);
+    ops::global_norm_squared(norm_acc, model.flat_grads());
+    float norm_sq;
+    copy_to_host(&norm_sq, norm_acc);
+    const double norm = std::sqrt(static_cast<double>(norm_sq));
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      throw Error(ErrorCode::kInternal, cat("step ", step + 1, ": the loss or the gradient norm is not finite (loss ",
+                                            loss, ", norm ", norm, "); lower optim.lr or set optim.grad_clip"));
+    }
+    if (c.grad_clip > 0 && norm > c.grad_clip) ops::scale(model.flat_grads(), static_cast<float>(c.grad_clip / norm));
+    int64_t offset = 0;
+    for (const Gpt::Param& p : model.params()) {
+      const int64_t n = p.value.numel();
+      AdamwParams hp{.lr = static_cast<float>(lr),
+                     .beta1 = static_cast<float>(c.beta1),
+                     .beta2 = static_cast<float>(c.beta2),
+                     .eps = static_cast<float>(c.eps),
+                     .weight_decay = p.weight_decay ? static_cast<float>(c.weight_decay) : 0.0f,
+                     .step = step + 1};
+      ops::adamw_update(p.value, optimizer.m.slice(offset, offset + n).reshape(p.value.shape()),
+                        optimizer.v.slice(offset, offset + n).reshape(p.value.shape()), p.grad, hp);
+      offset += n;
+    }
+    device->synchronize();
+    ++step;
+    const double t1 = now_seconds();
+    const double tok_s = tokens_per_step / (t1 - t0);
+    result.losses.push_back(loss);
+    result.last_loss = loss;
+    const StepMetrics sm{step, loss, norm, lr, tok_s, t1 - t_start};
+    metrics << nlohmann::json{{"step", step}, {"loss", loss},          {"grad_norm", norm},
+                              {"lr", lr},     {"tokens_per_s", tok_s}, {"time_s", t1 - t_start}}
+                   .dump()
+            << "\n";
+    if (options.on_step) options.on_step(sm);
+    if (!options.quiet && (step % c.log_every == 0 || step == c.steps)) {
+      const double per_step = (t1 - t_start) / static_cast<double>(step - first_step);
+      std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %7.0f tok/s | ETA %s\n",
+                  static_cast<long long>(step), static_cast<long long>(c.steps), loss, lr, norm, tok_s,
+                  format_duration(per_step * static_cast<double>(c.steps - step)).c_str());
+      std::fflush(stdout);
+    }
+    const bool last = step == c.steps;
+    if (val_loader && ((c.eval_every > 0 && step % c.eval_every == 0) || last)) {
+      result.val_loss = evaluate();
+      metrics << nlohmann::json{{"step", step}, {"val_loss", result.val_loss}}.dump() << "\n";
+      if (!options.quiet) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step), result.val_loss);
+    }
+    metrics.flush();
+    if ((c.checkpoint_every > 0 && step % c.checkpoint_every == 0) || last) checkpoint();
+  }
+  result.steps_done = step;
+  result.tokens_per_second = tokens_per_step * static_cast<double>(step - first_step) / (now_seconds() - t_start);
+  return result;
+}
+
+}  // namespace h2

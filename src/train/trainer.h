@@ -1,0 +1,72 @@
+// Single-device training of the GPT: the loop, its schedule and its outputs.
+//
+// Each step: a batch from the data loader, forward, loss, backward, global gradient norm and clipping, AdamW
+// (weight decay on matrices only), with a learning rate that warms up linearly and then follows a cosine down
+// to min_lr (Loshchilov & Hutter 2017). It prints a progress line, writes metrics as JSON lines, evaluates
+// on held-out data and checkpoints (train/checkpoint.h). Resuming from a checkpoint continues the identical
+// loss curve, bit for bit, on the same backend with the same thread count.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/config.h"
+#include "device/registry.h"
+#include "model/gpt.h"
+
+namespace h2 {
+
+struct TrainConfig {
+  GptConfig model;
+  // data
+  std::string train_data;  // glob of train shards
+  std::string val_data;    // glob of validation shards; empty = no evaluation
+  // optimisation
+  double lr = 1e-3, min_lr = 1e-4;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+  // run
+  int batch_size = 8;
+  int seq_len = 256;
+  int64_t steps = 100;
+  uint64_t seed = 1;
+  int64_t log_every = 1;
+  int64_t eval_every = 0;  // 0 = only at the end
+  int eval_batches = 8;
+  int64_t checkpoint_every = 0;  // 0 = only at the end
+  int keep_checkpoints = 2;
+  std::string out_dir = "runs/default";
+  // device
+  DeviceSpec device{.backend = "cpu"};
+
+  // Reads the sections model, data, optim, train, device; unknown fields are errors naming file and line.
+  static TrainConfig from_config(const ConfigNode& root);
+};
+
+double learning_rate(const TrainConfig& config, int64_t step);
+
+struct StepMetrics {
+  int64_t step;  // 1-based: the step just completed
+  float loss;
+  double grad_norm, lr, tokens_per_second, elapsed_seconds;
+};
+
+struct TrainResult {
+  int64_t steps_done = 0;
+  float last_loss = 0.0f;
+  float val_loss = -1.0f;  // -1 when not evaluated
+  double tokens_per_second = 0.0;
+  std::vector<float> losses;  // per step run in this call
+};
+
+struct TrainOptions {
+  bool resume = false;                              // continue from the newest checkpoint in out_dir/checkpoints
+  std::string resume_from;                          // or from this checkpoint folder
+  bool quiet = false;                               // no progress lines
+  std::function<void(const StepMetrics&)> on_step;  // called after every step (tests, tools)
+};
+
+TrainResult train(const TrainConfig& config, const TrainOptions& options);
+
+}  // namespace h2

@@ -1,0 +1,168 @@
+// The GPT model: sizes against published numbers and against the cost formulas, gradients against finite
+// differences, and ranges against the whole model.
+#include "model/gpt.h"
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "device/registry.h"
+#include "model/costs.h"
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+const GptConfig kTiny{.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab_size = 11, .seq_len = 6};
+
+std::vector<float> host(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  copy_to_host(v.data(), t);
+  return v;
+}
+
+Tensor random_tokens(Device& dev, int B, int T, int V, uint64_t seed) {
+  Tensor t = dev.empty(DType::kI32, {B, T});
+  Rng rng(seed);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+  return t;
+}
+
+TEST(Costs, Gpt2SmallHasItsPublishedParameterCount) {
+  // GPT-2 small (124M): 124,439,808 parameters in the Hugging Face checkpoint.
+  const TransformerShape s = GptConfig{12, 12, 768, 50257, 1024}.shape();
+  EXPECT_EQ(total_params(s), 124'439'808);
+}
+
+TEST(Gpt, AllocatesWhatTheCostModelCounts) {
+  // One more block costs exactly its parameters and gradients plus the activations costs.h counts.
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  const int B = 3, T = 5;
+  GptConfig one = kTiny, two = kTiny;
+  one.n_layer = 1;
+  size_t used_one, used_two;
+  {
+    Gpt m(one, *dev, GptRange::whole(one), B, T);
+    used_one = dev->mem_used_bytes();
+    EXPECT_EQ(m.num_params(), total_params(one.shape()));
+  }
+  {
+    Gpt m(two, *dev, GptRange::whole(two), B, T);
+    used_two = dev->mem_used_bytes();
+  }
+  const double per_layer = 2.0 * 4 * static_cast<double>(layer_params(kTiny.shape())) +
+                           layer_activation_bytes(kTiny.shape(), B, T, 4.0, Recompute::kNone);
+  EXPECT_DOUBLE_EQ(static_cast<double>(used_two - used_one), per_layer);
+}
+
+// L(theta) along a random direction d: (L(theta + e d) - L(theta - e d)) / 2e must equal <grad, d>.
+TEST(Gpt, GradientMatchesFiniteDifferences) {
+  auto dev = create_device(DeviceSpec{.backend = "ref"});
+  const int B = 2, T = 5;
+  Gpt model(kTiny, *dev, GptRange::whole(kTiny), B, T);
+  model.init(3);
+  // Larger weights than GPT-2's init make the loss depend on every parameter visibly.
+  std::vector<float> theta = host(model.flat_params());
+  Rng rng(9);
+  for (float& x : theta) x += static_cast<float>(rng.normal() * 0.3);
+  copy_from_host(model.flat_params(), theta.data());
+  Tensor tokens = random_tokens(*dev, B, T, kTiny.vocab_size, 1),
+         targets = random_tokens(*dev, B, T, kTiny.vocab_size, 2);
+  auto loss_at = [&](const std::vector<float>& p) {
+    copy_from_host(model.flat_params(), p.data());
+    model.forward(tokens);
+    return static_cast<double>(model.loss(targets));
+  };
+  model.zero_grads();
+  loss_at(theta);
+  model.backward();
+  const std::vector<float> grad = host(model.flat_grads());
+  for (uint64_t trial = 0; trial < 3; ++trial) {
+    Rng dr(100 + trial);
+    std::vector<float> d(theta.size()), up(theta.size()), down(theta.size());
+    double analytic = 0.0;
+    const double eps = 1e-3;
+    for (size_t i = 0; i < theta.size(); ++i) {
+      d[i] = static_cast<float>(dr.normal());
+      analytic += static_cast<double>(grad[i]) * d[i];
+      up[i] = theta[i] + static_cast<float>(eps) * d[i];
+      down[i] = theta[i] - static_cast<float>(eps) * d[i];
+    }
+    const double numeric = (loss_at(up) - loss_at(down)) / (2 * eps);
+    EXPECT_NEAR(numeric, analytic, 1e-2 * std::max(1.0, std::abs(analytic))) << "direction " << trial;
+  }
+}
+
+TEST(Gpt, RangesComputeWhatTheWholeModelComputes) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  const int B = 2, T = 6;
+  GptConfig c = kTiny;
+  c.n_layer = 3;
+  Gpt whole(c, *dev, GptRange::whole(c), B, T);
+  Gpt first(c, *dev, GptRange{true, 0, 1, false}, B, T);
+  Gpt second(c, *dev, GptRange{false, 1, 3, true}, B, T);
+  for (Gpt* m : {&whole, &first, &second}) m->init(7);
+  Tensor tokens = random_tokens(*dev, B, T, c.vocab_size, 3), targets = random_tokens(*dev, B, T, c.vocab_size, 4);
+
+  whole.zero_grads();
+  whole.forward(tokens);
+  const float loss_whole = whole.loss(targets);
+  whole.backward();
+
+  first.zero_grads();
+  second.zero_grads();
+  first.forward(tokens);
+  second.forward(first.output());
+  const float loss_split = second.loss(targets);
+  second.backward();
+  first.backward(second.dinput());
+  EXPECT_FLOAT_EQ(loss_whole, loss_split);
+
+  // Each parameter's gradient matches; wte's is split between the two ends (tied embedding).
+  auto grad_of = [](Gpt& m, const std::string& name) {
+    for (const Gpt::Param& p : m.params()) {
+      if (p.name == name) return host(p.grad);
+    }
+    return std::vector<float>();
+  };
+  for (const Gpt::Param& p : whole.params()) {
+    std::vector<float> want = host(p.grad), got = grad_of(first, p.name), tail = grad_of(second, p.name);
+    if (got.empty())
+      got = tail;
+    else if (!tail.empty())
+      for (size_t i = 0; i < got.size(); ++i) got[i] += tail[i];
+    ASSERT_EQ(got.size(), want.size()) << p.name;
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6f) << p.name << "[" << i << "]";
+  }
+}
+
+TEST(Gpt, InitDependsOnlyOnNameAndSeed) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Gpt whole(kTiny, *dev, GptRange::whole(kTiny), 1, 2);
+  Gpt tail(kTiny, *dev, GptRange{false, 1, 2, true}, 1, 2);
+  whole.init(5);
+  tail.init(5);
+  for (const Gpt::Param& p : tail.params()) {
+    for (const Gpt::Param& q : whole.params()) {
+      if (q.name == p.name) {
+        EXPECT_EQ(host(p.value), host(q.value)) << p.name;
+      }
+    }
+  }
+}
+
+TEST(Gpt, BadConfigsAreErrors) {
+  EXPECT_THAT(testing_util::error_of(
+                  [] {
+                    GptConfig{2, 3, 8, 11, 6}.validate();
+                  },
+                  ErrorCode::kInvalidArgument),
+              ::testing::HasSubstr("n_head = 3 does not divide n_embd = 8"));
+  const ConfigNode node =
+      ConfigNode::parse_string("n_layer: 2\nn_head: 2\nn_embd: 8\nvocab_size: 0\nseq_len: 4\n", "m.yaml");
+  EXPECT_THAT(testing_util::error_of([&] { GptConfig::from_config(node); }, ErrorCode::kConfig),
+              ::testing::HasSubstr("m.yaml:4:13: field 'vocab_size': must be a positive integer"));
+}
+
+}  // namespace
+}  // namespace h2
