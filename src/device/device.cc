@@ -60,8 +60,7 @@ Tensor Device::empty(DType dtype, Shape shape) {
 
 Tensor Device::zeros(DType dtype, Shape shape) {
   Tensor t = empty(dtype, shape);
-  std::vector<char> host(t.bytes(), 0);
-  copy_h2d(t.data(), host.data(), host.size());
+  fill_zero(t.data(), t.bytes());
   return t;
 }
 
@@ -108,6 +107,10 @@ void Device::copy_d2h(void* dst, const void* src, size_t bytes) {
 }
 void Device::copy_d2d(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memmove(dst, src, bytes);
+}
+
+void Device::fill_zero(void* dst, size_t bytes) {
+  if (bytes > 0) std::memset(dst, 0, bytes);
 }
 
 void Device::launch(const char* /*op_name*/, const std::function<void()>& kernel) { kernel(); }

@@ -57,6 +57,8 @@ class Device {
   virtual void copy_h2d(void* dst, const void* src, size_t bytes);
   virtual void copy_d2h(void* dst, const void* src, size_t bytes);
   virtual void copy_d2d(void* dst, const void* src, size_t bytes);
+  // Sets `bytes` bytes of device memory to zero.
+  virtual void fill_zero(void* dst, size_t bytes);
   virtual void synchronize() {}
 
   // --- kernels ---

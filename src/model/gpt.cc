@@ -186,10 +186,7 @@ void Gpt::init(uint64_t seed) {
   }
 }
 
-void Gpt::zero_grads() {
-  std::vector<float> zeros(static_cast<size_t>(flat_grads_.numel()), 0.0f);
-  copy_from_host(flat_grads_, zeros.data());
-}
+void Gpt::zero_grads() { device_->fill_zero(flat_grads_.data(), flat_grads_.bytes()); }
 
 const Tensor& Gpt::output() const {
   H2_CHECK(!range_.head) << "a range with the head has logits, not an output activation";

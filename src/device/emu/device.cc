@@ -50,6 +50,9 @@ class EmuDevice final : public Device {
   void copy_d2d(void* dst, const void* src, size_t bytes) override {
     timed_copy(bytes, [&] { Device::copy_d2d(dst, src, bytes); });
   }
+  void fill_zero(void* dst, size_t bytes) override {
+    timed_copy(bytes, [&] { Device::fill_zero(dst, bytes); });
+  }
   void synchronize() override { pacer_.flush(); }
 
  private:

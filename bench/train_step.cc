@@ -1,0 +1,116 @@
+// bench_train_step: tokens/s of one full training step (forward, loss, backward, AdamW) of a GPT-2-shaped
+// model on the cpu backend, and the model FLOP utilisation against bare cblas_sgemm measured in the same
+// run. bench/run_train_step.sh runs it beside the same model and batch in PyTorch (train_step_torch.py).
+// Usage: bench_train_step [--layers L] [--embd C] [--heads NH] [--batch B] [--seq T] [--steps N]
+// Prints a human line on stderr and one JSON line on stdout.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "device/registry.h"
+#include "model/costs.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
+
+extern "C" char* openblas_get_corename(void);
+
+namespace {
+
+double seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+// The sgemm rate on the model's MLP shape: what a step's FLOPs could run at if every op were a large GEMM.
+double sgemm_gflops(int n, int c) {
+  std::vector<float> a(static_cast<size_t>(n) * c, 0.5f), b(static_cast<size_t>(4) * c * c, 0.25f),
+      out(static_cast<size_t>(n) * 4 * c);
+  std::vector<double> times;
+  for (int i = 0; i < 6; ++i) {
+    const double t0 = seconds();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, 4 * c, c, 1.0f, a.data(), c, b.data(), c, 0.0f, out.data(),
+                4 * c);
+    times.push_back(seconds() - t0);
+  }
+  return 2.0 * n * c * 4.0 * c / median(times) * 1e-9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int layers = 12, embd = 768, heads = 12, B = 4, T = 256, steps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const int v = std::atoi(argv[i + 1]);
+    if (k == "--layers")
+      layers = v;
+    else if (k == "--embd")
+      embd = v;
+    else if (k == "--heads")
+      heads = v;
+    else if (k == "--batch")
+      B = v;
+    else if (k == "--seq")
+      T = v;
+    else if (k == "--steps")
+      steps = v;
+  }
+  using namespace h2;
+  const GptConfig config{layers, heads, embd, 50257, 1024};
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Gpt model(config, *dev, GptRange::whole(config), B, T);
+  model.init(1);
+  Tensor m = dev->zeros(DType::kF32, {model.num_params()}), v = dev->zeros(DType::kF32, {model.num_params()});
+  Tensor tokens = dev->empty(DType::kI32, {B, T}), targets = dev->empty(DType::kI32, {B, T});
+  Rng rng(3);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(50257));
+    targets.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(50257));
+  }
+  auto step = [&](int64_t t) {
+    model.zero_grads();
+    model.forward(tokens);
+    model.loss(targets);
+    model.backward();
+    int64_t off = 0;
+    for (const Gpt::Param& p : model.params()) {
+      const int64_t n = p.value.numel();
+      ops::adamw_update(p.value, m.slice(off, off + n).reshape(p.value.shape()),
+                        v.slice(off, off + n).reshape(p.value.shape()), p.grad,
+                        AdamwParams{.lr = 1e-4f, .weight_decay = p.weight_decay ? 0.1f : 0.0f, .step = t});
+      off += n;
+    }
+  };
+  step(1);  // warm-up
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    const double t0 = seconds();
+    step(i + 2);
+    times.push_back(seconds() - t0);
+  }
+  const double t_step = median(times);
+  const TransformerShape s = config.shape();
+  // Training FLOPs: forward + backward (2x forward) of every layer and of the head.
+  const double flops = 3.0 * B * (static_cast<double>(layers) * layer_forward_flops(s, T) + head_forward_flops(s, T));
+  const double peak = sgemm_gflops(B * T, embd);
+  const double tok_s = B * T / t_step, achieved = flops / t_step * 1e-9;
+  std::fprintf(stderr,
+               "h2 cpu: %d layers x %d, B=%d T=%d, %lld params: %.3f s/step, %.0f tok/s, %.1f GFLOP/s, "
+               "sgemm %.1f GFLOP/s, MFU %.1f%% (OpenBLAS kernel %s, %d threads)\n",
+               layers, embd, B, T, static_cast<long long>(model.num_params()), t_step, tok_s, achieved, peak,
+               100.0 * achieved / peak, openblas_get_corename(), omp_get_max_threads());
+  std::printf(
+      "{\"system\": \"h2\", \"seconds_per_step\": %.6f, \"tokens_per_s\": %.2f, \"gflops\": %.2f, "
+      "\"sgemm_gflops\": %.2f, \"params\": %lld}\n",
+      t_step, tok_s, achieved, peak, static_cast<long long>(model.num_params()));
+  return 0;
+}
