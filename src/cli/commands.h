@@ -14,5 +14,7 @@ void register_check(CLI::App& app, Command& selected);
 void register_devices(CLI::App& app, Command& selected);
 // `h2 data prepare`, `h2 train`, `h2 sample`.
 void register_train(CLI::App& app, Command& selected);
+// `h2 plan`, `h2 simulate`.
+void register_plan(CLI::App& app, Command& selected);
 
 }  // namespace h2::cli

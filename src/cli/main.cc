@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   h2::cli::register_check(app, selected);
   h2::cli::register_devices(app, selected);
   h2::cli::register_train(app, selected);
+  h2::cli::register_plan(app, selected);
 
   try {
     app.parse(argc, argv);

@@ -96,6 +96,29 @@ TEST(Cli, DevicesListsBackendsAndChips) {
   EXPECT_THAT(r.output, HasSubstr("emu "));
 }
 
+TEST(CliPlan, PlanSimulateAndBadInput) {
+  const std::string ex = std::string(H2_SOURCE_DIR) + "/examples/";
+  const std::string plan = ::testing::TempDir() + "h2_cli_plan.json";
+  const Result p = run_h2("plan --cluster " + ex + "cluster_local.yaml --model " + ex + "model_small.yaml --train " +
+                          ex + "train_small.yaml --compare --out " + plan);
+  ASSERT_EQ(p.status, 0) << p.output;
+  EXPECT_THAT(p.output, HasSubstr("heterogeneous speed-up ratio"));
+  EXPECT_THAT(p.output, HasSubstr("uniform layer split"));
+  const Result s = run_h2("simulate " + plan + " --trace " + ::testing::TempDir() + "h2_cli_trace.json");
+  EXPECT_EQ(s.status, 0) << s.output;
+  EXPECT_THAT(s.output, HasSubstr("simulated 1f1b"));
+  const std::string bad = temp_file("h2_cli_cluster.yaml",
+                                    "chips:\n  - {name: A, peak_tflops: 1, memory_gib: 1, "
+                                    "memory_bandwidth_gbps: 1}\ngroups:\n  - {chip: B, nodes: 1, "
+                                    "chips_per_node: 1, nic_gbps: 1}\n");
+  const Result e =
+      run_h2("plan --cluster " + bad + " --model " + ex + "model_small.yaml --train " + ex + "train_small.yaml");
+  EXPECT_EQ(e.status, 1);
+  EXPECT_THAT(e.output, HasSubstr("field 'groups[0].chip': unknown chip type 'B'"));
+  EXPECT_EQ(run_h2("simulate " + plan + " --schedule zigzag").status, 1);
+  EXPECT_THAT(run_h2("simulate /nonexistent/plan.json").output, HasSubstr("/nonexistent/plan.json: cannot open"));
+}
+
 // The single-device workflow end to end on a tiny tokenizer and corpus: prepare, train, resume, sample.
 class CliTraining : public ::testing::Test {
  protected:

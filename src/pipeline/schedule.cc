@@ -1,0 +1,223 @@
+// Schedule IR: printing, parsing, generators and the dry run.
+#include "pipeline/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace h2 {
+namespace {
+
+struct Name {
+  ActionType type;
+  const char* text;
+  bool has_micro_batch;
+};
+// Longest names first so that parsing "SEND_F" is not mistaken for "F".
+constexpr Name kNames[] = {
+    {ActionType::kReduceGrad, "REDUCE_GRAD", false},
+    {ActionType::kSendF, "SEND_F", true},
+    {ActionType::kRecvF, "RECV_F", true},
+    {ActionType::kSendB, "SEND_B", true},
+    {ActionType::kRecvB, "RECV_B", true},
+    {ActionType::kOptim, "OPTIM", false},
+    {ActionType::kForward, "F", true},
+    {ActionType::kBackward, "B", true},
+};
+
+}  // namespace
+
+std::string Action::str() const {
+  for (const Name& n : kNames) {
+    if (n.type == type) return n.has_micro_batch ? cat(stage, n.text, micro_batch) : cat(stage, n.text);
+  }
+  return "?";
+}
+
+Action Action::parse(std::string_view text) {
+  auto bad = [&] {
+    return Error(ErrorCode::kInvalidArgument,
+                 cat("'", text,
+                     "' is not a schedule action (expected e.g. 2F0, 2B0, 2SEND_F0, 2RECV_B3, 2REDUCE_GRAD, 2OPTIM)"));
+  };
+  size_t i = 0;
+  while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+  if (i == 0 || i > 6) throw bad();
+  Action a{ActionType::kForward, std::stoi(std::string(text.substr(0, i))), -1};
+  const std::string_view rest = text.substr(i);
+  for (const Name& n : kNames) {
+    if (!rest.starts_with(n.text)) continue;
+    const std::string_view num = rest.substr(std::string_view(n.text).size());
+    if (n.has_micro_batch) {
+      if (num.empty() || num.size() > 6 ||
+          !std::all_of(num.begin(), num.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        throw bad();
+      }
+      a.micro_batch = std::stoi(std::string(num));
+    } else if (!num.empty()) {
+      throw bad();
+    }
+    a.type = n.type;
+    return a;
+  }
+  throw bad();
+}
+
+std::string Schedule::to_csv() const {
+  std::string out;
+  for (int r = 0; r < ranks; ++r) {
+    out += std::to_string(r);
+    for (const Action& a : actions[static_cast<size_t>(r)]) {
+      out += ',';  // appended separately: GCC 12 warns falsely on "," + std::string (-Wrestrict)
+      out += a.str();
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+Schedule Schedule::parse_csv(std::string_view text, int ranks, int stages, int micro_batches) {
+  Schedule s{ranks, stages, micro_batches, std::vector<std::vector<Action>>(static_cast<size_t>(ranks))};
+  std::istringstream in{std::string(text)};
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream cells(line);
+    std::string cell;
+    std::getline(cells, cell, ',');
+    int rank = -1;
+    try {
+      rank = std::stoi(cell);
+    } catch (const std::exception&) {
+    }
+    if (rank < 0 || rank >= ranks) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  cat("schedule line ", line_no, ": '", cell, "' is not a rank in [0, ", ranks, ")"));
+    }
+    while (std::getline(cells, cell, ',')) {
+      if (cell.empty()) continue;
+      Action a = Action::parse(cell);
+      if (a.stage >= stages || (a.micro_batch >= micro_batches) || s.rank_of(a.stage) != rank) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    cat("schedule line ", line_no, ": ", cell, " does not belong on rank ", rank, " (", stages,
+                        " stages, ", micro_batches, " micro-batches)"));
+      }
+      s.actions[static_cast<size_t>(rank)].push_back(a);
+    }
+  }
+  return s;
+}
+
+Schedule schedule_gpipe(int ranks, int m) {
+  Schedule s{ranks, ranks, m, std::vector<std::vector<Action>>(static_cast<size_t>(ranks))};
+  for (int r = 0; r < ranks; ++r) {
+    for (int j = 0; j < m; ++j) s.actions[static_cast<size_t>(r)].push_back({ActionType::kForward, r, j});
+    for (int j = 0; j < m; ++j) s.actions[static_cast<size_t>(r)].push_back({ActionType::kBackward, r, j});
+  }
+  return s;
+}
+
+Schedule schedule_1f1b(int ranks, int m) {
+  Schedule s{ranks, ranks, m, std::vector<std::vector<Action>>(static_cast<size_t>(ranks))};
+  for (int r = 0; r < ranks; ++r) {
+    auto& a = s.actions[static_cast<size_t>(r)];
+    const int warmup = std::min(ranks - r - 1, m);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) a.push_back({ActionType::kForward, r, f});
+    while (f < m) {
+      a.push_back({ActionType::kForward, r, f++});
+      a.push_back({ActionType::kBackward, r, b++});
+    }
+    while (b < m) a.push_back({ActionType::kBackward, r, b++});
+  }
+  return s;
+}
+
+// Megatron-LM's interleaved order: forwards go through the chunks in groups of `ranks` micro-batches.
+Schedule schedule_interleaved(int ranks, int chunks, int m) {
+  if (chunks < 1 || m % ranks != 0) {
+    throw Error(ErrorCode::kInvalidArgument, cat("interleaved 1F1B needs chunks >= 1 and micro-batches (", m,
+                                                 ") a multiple of the ranks (", ranks, ")"));
+  }
+  Schedule s{ranks, ranks * chunks, m, std::vector<std::vector<Action>>(static_cast<size_t>(ranks))};
+  const int total = m * chunks;
+  for (int r = 0; r < ranks; ++r) {
+    auto& a = s.actions[static_cast<size_t>(r)];
+    auto forward = [&](int k) {
+      const int chunk = (k / ranks) % chunks;
+      const int mb = (k / (ranks * chunks)) * ranks + k % ranks;
+      return Action{ActionType::kForward, chunk * ranks + r, mb};
+    };
+    auto backward = [&](int k) {
+      const int chunk = chunks - 1 - (k / ranks) % chunks;
+      const int mb = (k / (ranks * chunks)) * ranks + k % ranks;
+      return Action{ActionType::kBackward, chunk * ranks + r, mb};
+    };
+    const int warmup = std::min(total, (ranks - r - 1) * 2 + (chunks - 1) * ranks);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) a.push_back(forward(f));
+    while (f < total) {
+      a.push_back(forward(f++));
+      a.push_back(backward(b++));
+    }
+    while (b < total) a.push_back(backward(b++));
+  }
+  return s;
+}
+
+std::string dry_run(const Schedule& s) {
+  std::map<std::pair<int, int>, bool> f_done, b_done;  // (stage, micro-batch)
+  std::vector<size_t> pos(static_cast<size_t>(s.ranks), 0);
+  std::vector<std::vector<int>> step_of(static_cast<size_t>(s.ranks));  // the step each action ran in
+  for (int r = 0; r < s.ranks; ++r)
+    step_of[static_cast<size_t>(r)].assign(s.actions[static_cast<size_t>(r)].size(), -1);
+  auto ready = [&](const Action& a) {
+    if (a.type == ActionType::kForward) return a.stage == 0 || f_done[{a.stage - 1, a.micro_batch}];
+    if (a.type == ActionType::kBackward) {
+      return f_done[{a.stage, a.micro_batch}] && (a.stage == s.stages - 1 || b_done[{a.stage + 1, a.micro_batch}]);
+    }
+    return true;  // communication and optimizer actions do not block the dry run
+  };
+  for (int step = 0;; ++step) {
+    std::vector<Action> ran;
+    bool remaining = false;
+    for (int r = 0; r < s.ranks; ++r) {
+      const auto& list = s.actions[static_cast<size_t>(r)];
+      if (pos[static_cast<size_t>(r)] >= list.size()) continue;
+      remaining = true;
+      const Action& a = list[pos[static_cast<size_t>(r)]];
+      if (ready(a)) {
+        ran.push_back(a);
+        step_of[static_cast<size_t>(r)][pos[static_cast<size_t>(r)]] = step;
+        ++pos[static_cast<size_t>(r)];
+      }
+    }
+    if (!remaining) return "";
+    if (ran.empty()) {
+      // Deadlock: print the grid of what ran when, and mark where each rank is stuck.
+      std::string grid = "deadlock: no rank can proceed. step x rank grid (* = stuck here):\n";
+      for (int r = 0; r < s.ranks; ++r) {
+        grid += cat("rank ", r, ":");
+        const auto& list = s.actions[static_cast<size_t>(r)];
+        for (size_t i = 0; i < list.size(); ++i) {
+          grid += ' ';
+          grid += list[i].str();
+          if (i == pos[static_cast<size_t>(r)]) grid += "*";
+          if (step_of[static_cast<size_t>(r)][i] < 0 && i > pos[static_cast<size_t>(r)]) {
+            grid += " ...";
+            break;
+          }
+        }
+        grid += "\n";
+      }
+      return grid;
+    }
+    for (const Action& a : ran) (a.type == ActionType::kForward ? f_done : b_done)[{a.stage, a.micro_batch}] = true;
+  }
+}
+
+}  // namespace h2

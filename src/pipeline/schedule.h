@@ -1,0 +1,55 @@
+// Pipeline schedules as data (DESIGN.md, "pipeline"; the IR of PyTorch's pipelining schedules): per rank, an
+// ordered list of actions. An action prints and parses as text — "2F0" is stage 2's forward of micro-batch 0,
+// "2B0" its backward, "2SEND_F0"/"2RECV_F0" move micro-batch 0's activation, "2SEND_B0"/"2RECV_B0" its
+// gradient, "2REDUCE_GRAD" reduces stage 2's gradients over its data-parallel group, "2OPTIM" steps its
+// optimizer. Stages are virtual: with interleaving, rank r runs stages r, r + ranks, r + 2 ranks, ...
+// Generators are pure functions; dry_run() checks a schedule for deadlock without devices.
+// Deliberately not here yet: the lowering passes that insert SEND/RECV and REDUCE_GRAD (the runtime's issue).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace h2 {
+
+enum class ActionType { kForward, kBackward, kSendF, kRecvF, kSendB, kRecvB, kReduceGrad, kOptim };
+
+struct Action {
+  ActionType type;
+  int stage = 0;
+  int micro_batch = -1;  // -1 for REDUCE_GRAD and OPTIM
+
+  std::string str() const;
+  // Throws Error(kInvalidArgument) naming the text when it is not an action.
+  static Action parse(std::string_view text);
+  bool operator==(const Action&) const = default;
+};
+
+struct Schedule {
+  int ranks = 0;
+  int stages = 0;  // virtual stages: ranks x chunks
+  int micro_batches = 0;
+  std::vector<std::vector<Action>> actions;  // per rank, in order
+
+  int rank_of(int stage) const { return stage % ranks; }
+  // One line per rank: "rank,action,action,..."; parse_csv reads it back (hand-written schedules too).
+  std::string to_csv() const;
+  static Schedule parse_csv(std::string_view text, int ranks, int stages, int micro_batches);
+};
+
+// GPipe (Huang et al. 2019): all forwards, then all backwards.
+Schedule schedule_gpipe(int ranks, int micro_batches);
+// 1F1B (Narayanan et al. 2019, PipeDream-Flush): warm-up forwards, alternate one forward and one backward,
+// drain backwards; stage r keeps at most ranks - r micro-batches in flight.
+Schedule schedule_1f1b(int ranks, int micro_batches);
+// Interleaved 1F1B (Narayanan et al. 2021): each rank runs `chunks` virtual stages; micro_batches must be a
+// multiple of ranks.
+Schedule schedule_interleaved(int ranks, int chunks, int micro_batches);
+
+// Runs the compute actions in dependency order (F of stage s needs F of s - 1; B of s needs F of s and B of
+// s + 1) with unit time, ignoring SEND/RECV. Returns "" when the schedule completes, else a description of
+// the deadlock with the step x rank grid, the stuck cell of each rank marked with '*'.
+std::string dry_run(const Schedule& schedule);
+
+}  // namespace h2

@@ -1,0 +1,127 @@
+// The cost model's formulas (sources in cost_model.h).
+#include "planner/cost_model.h"
+
+namespace h2 {
+
+CostModel::CostModel(const Cluster& cluster, const TransformerShape& model, const TrainSetup& train,
+                     CostConstants constants)
+    : cluster_(cluster), model_(model), train_(train), k_(constants) {}
+
+double CostModel::compute_s(int chip, double flops) const {
+  return flops / cluster_.chips[static_cast<size_t>(chip)].flops_per_second();
+}
+
+double CostModel::ring_allreduce_s(double bytes, int ranks, double bandwidth_gbps, double latency_us) const {
+  if (ranks <= 1) return 0.0;
+  const double n = ranks;
+  return 2.0 * (n - 1) / n * bytes / (bandwidth_gbps * 1e9) + 2.0 * (n - 1) * latency_us * 1e-6;
+}
+
+// Megatron tensor parallelism all-reduces the (b, T, hidden) activation twice per layer and direction, over the
+// node's own links (TP never leaves a node).
+double CostModel::tp_allreduce_s(int chip, int tp, int b) const {
+  const NodeGroup& g = cluster_.group_of(chip);
+  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes;
+  return ring_allreduce_s(bytes, tp, g.intra_node_gbps, g.intra_node_latency_us);
+}
+
+double CostModel::layer_forward_s(int chip, int tp, int b) const {
+  return compute_s(chip, b * layer_forward_flops(model_, model_.seq_len) / tp) + 2 * tp_allreduce_s(chip, tp, b);
+}
+
+double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
+  // The backward pass does twice the forward's matmul work.
+  double s =
+      compute_s(chip, 2.0 * b * layer_forward_flops(model_, model_.seq_len) / tp) + 2 * tp_allreduce_s(chip, tp, b);
+  if (r == Recompute::kFull) {
+    s += layer_forward_s(chip, tp, b);  // the whole forward again
+  } else if (r == Recompute::kSelective) {
+    // Only the attention core (Q K^T, softmax, P V) again: 2 * 2 * T^2 * hidden / 2 FLOPs per sequence (causal).
+    const double T = static_cast<double>(model_.seq_len);
+    s += compute_s(chip, b * 2.0 * T * T * model_.hidden / tp);
+  }
+  return s;
+}
+
+double CostModel::embedding_forward_s(int chip, int tp, int b) const {
+  // A gather: memory-bound, (b, T, hidden) written once.
+  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes / tp;
+  return bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9);
+}
+
+double CostModel::head_forward_s(int chip, int tp, int b) const {
+  return compute_s(chip, b * head_forward_flops(model_, model_.seq_len) / tp);
+}
+
+double CostModel::head_backward_s(int chip, int tp, int b) const { return 2.0 * head_forward_s(chip, tp, b); }
+
+// The activation is split over the min(tp_from, tp_to) chips that send in parallel (Megatron's scatter-gather);
+// between chip types without device-direct RDMA it is copied to host memory and back on the way.
+double CostModel::transfer_s(int from, int tp_from, int to, int tp_to, int b) const {
+  const GroupLink l = cluster_.link(from, to);
+  const double bytes =
+      static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes / std::min(tp_from, tp_to);
+  double s = l.latency_us * 1e-6 + bytes / (l.bandwidth_gbps * 1e9);
+  if (!l.device_direct) {
+    s += bytes / (cluster_.chips[static_cast<size_t>(from)].host_link_gbps * 1e9) +
+         bytes / (cluster_.chips[static_cast<size_t>(to)].host_link_gbps * 1e9);
+  }
+  return s;
+}
+
+// A DP group is the same TP rank in every replica; it stays inside a node only if all replicas fit in one.
+double CostModel::dp_allreduce_s(int chip, int tp, int dp, double params_per_device) const {
+  const NodeGroup& g = cluster_.group_of(chip);
+  const bool one_node = tp * dp <= g.chips_per_node;
+  return ring_allreduce_s(params_per_device * k_.grad_bytes, dp, one_node ? g.intra_node_gbps : g.nic_gbps,
+                          one_node ? g.intra_node_latency_us : g.nic_latency_us);
+}
+
+double CostModel::optimizer_s(int chip, int dp, double params_per_device) const {
+  const double sharded = train_.zero1 ? params_per_device / dp : params_per_device;
+  return sharded * k_.optimizer_traffic_bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9);
+}
+
+double CostModel::layer_state_bytes(int tp, int dp) const {
+  const double per_param =
+      k_.weight_bytes + k_.grad_bytes + (train_.zero1 ? k_.optimizer_bytes / dp : k_.optimizer_bytes);
+  return params_per_layer() / tp * per_param;
+}
+
+double CostModel::layer_activation_bytes(int tp, int b, Recompute r) const {
+  // Tensor parallelism splits every activation but the layer input (Korthikanti et al. 2022, eq. 2);
+  // dividing all of it by tp slightly undercounts the (b, T, hidden) inputs, which is why a workspace is kept.
+  return h2::layer_activation_bytes(model_, b, model_.seq_len, k_.activation_bytes, r) / tp;
+}
+
+double CostModel::embedding_state_bytes(int tp, int dp) const {
+  const double per_param =
+      k_.weight_bytes + k_.grad_bytes + (train_.zero1 ? k_.optimizer_bytes / dp : k_.optimizer_bytes);
+  return static_cast<double>(embedding_params(model_)) / tp * per_param;
+}
+
+double CostModel::head_state_bytes(int tp, int dp, bool own_embedding_copy) const {
+  const double per_param =
+      k_.weight_bytes + k_.grad_bytes + (train_.zero1 ? k_.optimizer_bytes / dp : k_.optimizer_bytes);
+  const double copy =
+      own_embedding_copy && model_.tied_embeddings ? static_cast<double>(model_.vocab * model_.hidden) : 0;
+  const double params = static_cast<double>(head_params(model_)) + copy;
+  return params / tp * per_param;
+}
+
+double CostModel::head_activation_bytes(int tp, int b) const {
+  const double bt = static_cast<double>(b) * model_.seq_len;
+  return bt * model_.hidden * k_.activation_bytes + bt * static_cast<double>(model_.vocab) / tp * k_.logits_bytes;
+}
+
+double CostModel::usable_bytes(int chip) const {
+  return cluster_.chips[static_cast<size_t>(chip)].memory_bytes() * (1.0 - k_.workspace_fraction);
+}
+
+double CostModel::step_model_flops() const {
+  const double per_sequence = static_cast<double>(model_.layers) * layer_forward_flops(model_, model_.seq_len) +
+                              head_forward_flops(model_, model_.seq_len);
+  return 3.0 * per_sequence * static_cast<double>(train_.global_batch);
+}
+
+}  // namespace h2

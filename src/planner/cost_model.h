@@ -1,0 +1,76 @@
+// HeteroAuto's cost model: how long a piece of the model takes on a chip type and how much memory it needs.
+// Every time and memory formula of the planner is here (one place); the simulator (src/sim) uses the same
+// functions for the durations it replays, so the two differ only in how they schedule.
+//
+// Sources: FLOPs per layer and the 1F1B pipeline structure from Narayanan et al. 2021 ("Efficient Large-Scale
+// Language Model Training on GPU Clusters Using Megatron-LM"); activation memory and recomputation from
+// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"), via
+// model/costs.h; mixed-precision optimizer state (2 + 2 + 12 bytes per parameter) and its ZeRO-1 sharding
+// from Rajbhandari et al. 2020; ring all-reduce time 2 (n-1)/n * bytes / bandwidth + 2 (n-1) latency
+// (Patarasuk & Yuan 2009), the same algorithm bandwidth nccl-tests reports.
+#pragma once
+
+#include "model/costs.h"
+#include "planner/spec.h"
+
+namespace h2 {
+
+// Constants of the model, with units. Changing one changes every plan; each row says why it has its value.
+struct CostConstants {
+  double weight_bytes = 2;              // bf16 weights used by compute
+  double grad_bytes = 2;                // bf16 gradients
+  double optimizer_bytes = 12;          // fp32 master weights + Adam m and v
+  double activation_bytes = 2;          // bf16 activations
+  double logits_bytes = 4;              // the loss computes in fp32 over (B, T, V / tp)
+  double optimizer_traffic_bytes = 28;  // per parameter and step: read+write master, m, v (24) + grad + weight
+  double workspace_fraction = 0.05;     // memory kept free for allocator slack and library workspaces
+};
+
+class CostModel {
+ public:
+  CostModel(const Cluster& cluster, const TransformerShape& model, const TrainSetup& train,
+            CostConstants constants = {});
+
+  const Cluster& cluster() const { return cluster_; }
+  const TransformerShape& model() const { return model_; }
+  const TrainSetup& train() const { return train_; }
+  const CostConstants& constants() const { return k_; }
+
+  // --- time, seconds, per micro-batch of b sequences on one device of a TP group of size tp ---
+  double layer_forward_s(int chip, int tp, int b) const;                // compute + TP all-reduces
+  double layer_backward_s(int chip, int tp, int b, Recompute r) const;  // + recomputation
+  double embedding_forward_s(int chip, int tp, int b) const;
+  double head_forward_s(int chip, int tp, int b) const;  // final LayerNorm + logits + loss
+  double head_backward_s(int chip, int tp, int b) const;
+  // One activation (or its gradient) from a stage on chip `from` with TP tp_from to one on `to` with tp_to.
+  double transfer_s(int from, int tp_from, int to, int tp_to, int b) const;
+  // Gradient all-reduce over the stage's dp replicas of `params` parameters held per device.
+  double dp_allreduce_s(int chip, int tp, int dp, double params_per_device) const;
+  double optimizer_s(int chip, int dp, double params_per_device) const;
+
+  // --- memory, bytes per device ---
+  double layer_state_bytes(int tp, int dp) const;                   // weights, gradients, optimizer state of one layer
+  double layer_activation_bytes(int tp, int b, Recompute r) const;  // one micro-batch kept for backward
+  double embedding_state_bytes(int tp, int dp) const;
+  // Tied embeddings: a last stage that is not also the first keeps its own copy of the token embedding.
+  double head_state_bytes(int tp, int dp, bool own_embedding_copy) const;
+  double head_activation_bytes(int tp, int b) const;
+  double usable_bytes(int chip) const;  // capacity less the workspace
+
+  // --- helpers ---
+  double ring_allreduce_s(double bytes, int ranks, double bandwidth_gbps, double latency_us) const;
+  double params_per_layer() const { return static_cast<double>(layer_params(model_)); }
+  // Model FLOPs of one optimizer step (forward + backward, no recomputation): the MFU numerator.
+  double step_model_flops() const;
+
+ private:
+  double compute_s(int chip, double flops) const;
+  double tp_allreduce_s(int chip, int tp, int b) const;  // one all-reduce of a (b, T, hidden) activation
+
+  Cluster cluster_;
+  TransformerShape model_;
+  TrainSetup train_;
+  CostConstants k_;
+};
+
+}  // namespace h2

@@ -1,0 +1,59 @@
+// A training plan: what HeteroAuto returns and what the simulator and the trainer read. Plain data, saved as
+// versioned JSON (plan.json) and loaded back.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/costs.h"
+
+namespace h2 {
+
+inline constexpr int kPlanVersion = 1;
+
+struct StagePlan {
+  std::string chip;  // chip type name
+  int chip_index = 0;
+  int tp = 1;           // tensor-parallel degree: devices per stage replica
+  int dp = 1;           // data-parallel degree: replicas of the stage
+  int first_layer = 0;  // transformer blocks [first_layer, first_layer + layers)
+  int layers = 0;
+  bool embedding = false;  // holds the token/position embedding (first stage)
+  bool head = false;       // holds the final LayerNorm, output head and loss (last stage)
+  Recompute recompute = Recompute::kNone;
+  int in_flight = 1;  // micro-batches whose activations it holds at once under 1F1B
+  // Predictions, seconds per micro-batch unless noted.
+  double forward_s = 0, backward_s = 0;
+  double send_s = 0;  // activation to the next stage (and its gradient back); 0 on the last stage
+  double dp_allreduce_s = 0, optimizer_s = 0;   // per step
+  double state_bytes = 0;                       // per device: weights, gradients, optimizer state
+  double activation_bytes = 0;                  // per device and micro-batch kept for backward
+  double memory_bytes = 0, capacity_bytes = 0;  // per device: state + in_flight x activations (usable capacity)
+
+  int devices() const { return tp * dp; }
+};
+
+struct Plan {
+  int version = kPlanVersion;
+  std::string cluster, model;  // names, for the reader
+  TransformerShape shape;
+  int64_t global_batch = 0;
+  int micro_batch = 1;        // sequences per micro-batch
+  int num_micro_batches = 1;  // per pipeline per step
+  int dp = 1;                 // pipelines
+  std::vector<StagePlan> stages;
+  // Predictions.
+  double step_s = 0, tokens_per_s = 0, mfu = 0, bubble_fraction = 0;
+  int devices_used = 0, devices_total = 0;
+  std::string limited_by;  // what bounds the step time
+  std::string why;         // why this plan was chosen over the others
+  bool fits = true;        // every device within its memory
+
+  std::string to_json() const;
+  static Plan from_json(const std::string& text, const std::string& source);  // Error(kConfig) names the field
+};
+
+void save_plan(const Plan& plan, const std::string& path);  // atomic
+Plan load_plan(const std::string& path);
+
+}  // namespace h2

@@ -1,0 +1,677 @@
+// The two-stage search and the scoring of one layout (see planner.h).
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "device/device.h"
+
+namespace h2 {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f GiB", bytes / 1073741824.0);
+  return buf;
+}
+
+// Per-stage quantities that do not depend on the number of layers.
+struct StageTerms {
+  int chip, tp, in_flight;
+  bool embedding, head;
+  double extra_fwd_s, extra_bwd_s;  // embedding / head work per micro-batch
+  double fixed_bytes;               // embedding / head state and activations
+  double usable_bytes;
+  double fwd_layer_s;
+  double bwd_layer_s[3];  // by Recompute
+  double state_layer_bytes;
+  double act_layer_bytes[3];  // by Recompute, per micro-batch
+  // Layers that fit with recomputation r (may be < 0: not even the fixed part fits).
+  int64_t cap(Recompute r) const {
+    const double per = state_layer_bytes + in_flight * act_layer_bytes[static_cast<int>(r)];
+    return static_cast<int64_t>(std::floor((usable_bytes - fixed_bytes) / per));
+  }
+  double layer_s(Recompute r) const { return fwd_layer_s + bwd_layer_s[static_cast<int>(r)]; }
+};
+
+std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
+  const int p = static_cast<int>(layout.stages.size());
+  const int m = static_cast<int>(c.train().global_batch / (layout.dp * layout.micro_batch));
+  const int b = layout.micro_batch;
+  const TransformerShape& s = c.model();
+  // Stages of one chip type and TP degree share everything but their position: cost each pair once.
+  std::vector<StageTerms> bases;
+  auto base = [&](int chip, int tp) -> const StageTerms& {
+    for (const StageTerms& t : bases) {
+      if (t.chip == chip && t.tp == tp) return t;
+    }
+    StageTerms t{};
+    t.chip = chip;
+    t.tp = tp;
+    t.usable_bytes = c.usable_bytes(chip);
+    t.fwd_layer_s = c.layer_forward_s(chip, tp, b);
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      t.bwd_layer_s[static_cast<int>(r)] = c.layer_backward_s(chip, tp, b, r);
+      t.act_layer_bytes[static_cast<int>(r)] = c.layer_activation_bytes(tp, b, r);
+    }
+    t.state_layer_bytes = c.layer_state_bytes(tp, layout.dp);
+    bases.push_back(t);
+    return bases.back();
+  };
+  std::vector<StageTerms> out;
+  out.reserve(static_cast<size_t>(p));
+  for (int i = 0; i < p; ++i) {
+    const auto [chip, tp] = layout.stages[static_cast<size_t>(i)];
+    StageTerms t = base(chip, tp);
+    t.in_flight = std::min(p - i, m);  // 1F1B: stage i holds the activations of p - i micro-batches
+    t.embedding = i == 0;
+    t.head = i == p - 1;
+    if (t.embedding) {
+      t.extra_fwd_s += c.embedding_forward_s(chip, tp, b);
+      t.extra_bwd_s += c.embedding_forward_s(chip, tp, b);
+      t.fixed_bytes += c.embedding_state_bytes(tp, layout.dp) + t.in_flight * static_cast<double>(b) * s.seq_len *
+                                                                    s.hidden * c.constants().activation_bytes / tp;
+    }
+    if (t.head) {
+      t.extra_fwd_s += c.head_forward_s(chip, tp, b);
+      t.extra_bwd_s += c.head_backward_s(chip, tp, b);
+      t.fixed_bytes += c.head_state_bytes(tp, layout.dp, /*own_embedding_copy=*/p > 1) + c.head_activation_bytes(tp, b);
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+// The allowed recomputation choices, fastest first.
+std::vector<Recompute> allowed(const CostModel& c) {
+  std::vector<Recompute> r;
+  for (Recompute x : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    if (std::find(c.train().allowed_recompute.begin(), c.train().allowed_recompute.end(), x) !=
+        c.train().allowed_recompute.end()) {
+      r.push_back(x);
+    }
+  }
+  return r;
+}
+
+std::string describe_stage(const CostModel& c, int i, const StageTerms& t) {
+  return cat("stage ", i, " (", c.cluster().chips[static_cast<size_t>(t.chip)].name, ", TP ", t.tp, ")");
+}
+
+}  // namespace
+
+std::vector<int> tp_options(const CostModel& c, int chip) {
+  std::vector<int> out;
+  const NodeGroup& g = c.cluster().group_of(chip);
+  for (int t = 1; t <= g.chips_per_node; t *= 2) {
+    if (c.model().heads % t == 0 && c.model().kv_heads % t == 0) out.push_back(t);
+  }
+  return out;
+}
+
+std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const std::vector<int>& layers,
+                                FitFailure* failure) {
+  const std::vector<StageTerms> terms = stage_terms(c, layout);
+  const std::vector<Recompute> choices = allowed(c);
+  const int p = static_cast<int>(terms.size());
+  const int b = layout.micro_batch;
+  const int m = static_cast<int>(c.train().global_batch / (layout.dp * b));
+  const TransformerShape& s = c.model();
+  Plan plan;
+  plan.cluster = c.cluster().name;
+  plan.shape = s;
+  plan.global_batch = c.train().global_batch;
+  plan.micro_batch = b;
+  plan.num_micro_batches = m;
+  plan.dp = layout.dp;
+  int first = 0;
+  double sum_e = 0, max_e = 0, sum_c = 0, max_c = 0;
+  for (int i = 0; i < p; ++i) {
+    const StageTerms& t = terms[static_cast<size_t>(i)];
+    const int n = layers[static_cast<size_t>(i)];
+    // The fastest recomputation under which n layers fit.
+    std::optional<Recompute> pick;
+    for (Recompute r : choices) {
+      if (n <= t.cap(r)) {
+        pick = r;
+        break;
+      }
+    }
+    if (!pick) {
+      if (failure != nullptr) {
+        const Recompute r = choices.back();
+        const double need =
+            t.fixed_bytes + n * (t.state_layer_bytes + t.in_flight * t.act_layer_bytes[static_cast<int>(r)]);
+        failure->shortfall_bytes = need - t.usable_bytes;
+        failure->what = cat(describe_stage(c, i, t), " with ", n, " layers needs ", gib(need), " per device even with ",
+                            recompute_name(r), " recomputation; it has ", gib(t.usable_bytes), " usable (short by ",
+                            gib(need - t.usable_bytes), ")");
+      }
+      return std::nullopt;
+    }
+    StagePlan st;
+    st.chip_index = t.chip;
+    st.chip = c.cluster().chips[static_cast<size_t>(t.chip)].name;
+    st.tp = t.tp;
+    st.dp = layout.dp;
+    st.first_layer = first;
+    st.layers = n;
+    st.embedding = t.embedding;
+    st.head = t.head;
+    st.recompute = *pick;
+    st.in_flight = t.in_flight;
+    st.forward_s = n * t.fwd_layer_s + t.extra_fwd_s;
+    st.backward_s = n * t.bwd_layer_s[static_cast<int>(*pick)] + t.extra_bwd_s;
+    if (i + 1 < p) {
+      const StageTerms& next = terms[static_cast<size_t>(i + 1)];
+      st.send_s = c.transfer_s(t.chip, t.tp, next.chip, next.tp, b);
+    }
+    double params = n * c.params_per_layer();
+    if (t.embedding) params += static_cast<double>(embedding_params(s));
+    if (t.head)
+      params += static_cast<double>(head_params(s)) +
+                (p > 1 && s.tied_embeddings ? static_cast<double>(s.vocab * s.hidden) : 0);
+    st.dp_allreduce_s = c.dp_allreduce_s(t.chip, t.tp, layout.dp, params / t.tp);
+    st.optimizer_s = c.optimizer_s(t.chip, layout.dp, params / t.tp);
+    st.state_bytes = n * t.state_layer_bytes + (t.fixed_bytes - (t.head ? c.head_activation_bytes(t.tp, b) : 0) -
+                                                (t.embedding ? t.in_flight * static_cast<double>(b) * s.seq_len *
+                                                                   s.hidden * c.constants().activation_bytes / t.tp
+                                                             : 0));
+    st.activation_bytes =
+        n * t.act_layer_bytes[static_cast<int>(*pick)] +
+        (t.embedding ? static_cast<double>(b) * s.seq_len * s.hidden * c.constants().activation_bytes / t.tp : 0);
+    st.memory_bytes =
+        st.state_bytes + st.in_flight * st.activation_bytes + (t.head ? c.head_activation_bytes(t.tp, b) : 0);
+    st.capacity_bytes = t.usable_bytes;
+    const double e = st.forward_s + st.backward_s;
+    sum_e += e;
+    max_e = std::max(max_e, e);
+    sum_c += st.send_s;
+    max_c = std::max(max_c, st.send_s);
+    plan.stages.push_back(st);
+    first += n;
+  }
+  // 1F1B (Narayanan et al. 2021): fill and drain pass every stage once each way; in steady state the slowest
+  // stage (or link) sets the pace for the remaining m - 1 micro-batches.
+  const double period = std::max(max_e, max_c);
+  const double pipe = sum_e + 2 * sum_c + (m - 1) * period;
+  // Stage i finishes its last backward before the drain reaches the stages in front of it; then its gradient
+  // all-reduce and optimizer step run.
+  double ahead = 0, step = 0;
+  for (int i = 0; i < p; ++i) {
+    const StagePlan& st = plan.stages[static_cast<size_t>(i)];
+    step = std::max(step, pipe - ahead + st.dp_allreduce_s + st.optimizer_s);
+    ahead += st.backward_s + st.send_s;
+  }
+  plan.step_s = step;
+  plan.tokens_per_s = static_cast<double>(c.train().global_batch) * s.seq_len / step;
+  double peak = 0;
+  for (const StagePlan& st : plan.stages) {
+    plan.devices_used += st.devices();
+    const ChipType& chip = c.cluster().chips[static_cast<size_t>(st.chip_index)];
+    peak += st.devices() * chip.peak_tflops * 1e12;
+  }
+  for (const NodeGroup& g : c.cluster().groups) plan.devices_total += g.devices();
+  plan.mfu = c.step_model_flops() / (step * peak);
+  plan.bubble_fraction = 1.0 - m * sum_e / p / pipe;
+  // What bounds it.
+  int slowest = 0;
+  for (int i = 1; i < p; ++i) {
+    const auto& a = plan.stages[static_cast<size_t>(i)];
+    const auto& z = plan.stages[static_cast<size_t>(slowest)];
+    if (a.forward_s + a.backward_s > z.forward_s + z.backward_s) slowest = i;
+  }
+  const StagePlan& sl = plan.stages[static_cast<size_t>(slowest)];
+  if (max_c > max_e) {
+    plan.limited_by = cat("the link after the slowest-sending stage: ", max_c * 1e3,
+                          " ms per micro-batch exceeds every stage's compute");
+  } else {
+    plan.limited_by = cat("compute of stage ", slowest, " (", sl.chip, ", TP ", sl.tp, ", ", sl.layers, " layers, ",
+                          recompute_name(sl.recompute), " recomputation): ", (sl.forward_s + sl.backward_s) * 1e3,
+                          " ms per micro-batch");
+  }
+  double tightest = 1.0;
+  int tight = 0;
+  for (int i = 0; i < p; ++i) {
+    const auto& st = plan.stages[static_cast<size_t>(i)];
+    const double headroom = 1.0 - st.memory_bytes / st.capacity_bytes;
+    if (headroom < tightest) tightest = headroom, tight = i;
+  }
+  plan.limited_by += cat("; least memory headroom: stage ", tight, " at ", std::lround(tightest * 100), "%");
+  if (plan.bubble_fraction > 0.2)
+    plan.limited_by += cat("; pipeline bubble ", std::lround(plan.bubble_fraction * 100), "%");
+  return plan;
+}
+
+namespace {
+
+struct Split {
+  std::vector<int> layers;
+  double bottleneck_s;  // the slowest stage's time per micro-batch
+};
+
+// Stage 2: the least bottleneck time B such that the stages can take all layers, each stage taking
+// n_i(B) = max over recomputation r of min(cap_i(r), floor((B - extra_i) / layer_i(r))) layers.
+std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, FitFailure* failure) {
+  const std::vector<StageTerms> terms = stage_terms(c, layout);
+  const std::vector<Recompute> choices = allowed(c);
+  const int64_t L = c.model().layers;
+  const int p = static_cast<int>(terms.size());
+  if (p > L) {
+    if (failure) failure->what = cat(p, " stages for ", L, " layers");
+    return std::nullopt;
+  }
+  auto take = [&](const StageTerms& t, double bound) {
+    int64_t best = 0;
+    for (Recompute r : choices) {
+      const int64_t by_time =
+          static_cast<int64_t>(std::floor((bound - t.extra_fwd_s - t.extra_bwd_s) / t.layer_s(r) + 1e-9));
+      best = std::max(best, std::min(t.cap(r), by_time));
+    }
+    return best;
+  };
+  // Every stage must hold at least one layer.
+  for (int i = 0; i < p; ++i) {
+    const StageTerms& t = terms[static_cast<size_t>(i)];
+    if (t.cap(choices.back()) < 1) {
+      std::vector<int> one(static_cast<size_t>(p), 1);
+      FitFailure f;
+      score_split(c, layout, one, &f);
+      if (failure) *failure = f;
+      return std::nullopt;
+    }
+  }
+  int64_t capacity = 0;
+  double hi = 0;
+  for (const StageTerms& t : terms) {
+    capacity += t.cap(choices.back());
+    hi = std::max(hi, t.extra_fwd_s + t.extra_bwd_s + L * t.layer_s(choices.back()));
+  }
+  if (capacity < L) {
+    if (failure) {
+      failure->what = cat("the ", p, " stages hold at most ", capacity, " of ", L, " layers in memory even with ",
+                          recompute_name(choices.back()), " recomputation");
+      failure->shortfall_bytes = (L - capacity) * (terms.front().state_layer_bytes);
+    }
+    return std::nullopt;
+  }
+  double lo = 0;
+  for (int iter = 0; iter < 60 && hi - lo > 1e-9 * hi; ++iter) {
+    const double mid = 0.5 * (lo + hi);
+    int64_t total = 0;
+    bool each = true;
+    for (const StageTerms& t : terms) {
+      const int64_t n = take(t, mid);
+      each = each && n >= 1;
+      total += n;
+    }
+    (each && total >= L ? hi : lo) = mid;
+  }
+  Split split{std::vector<int>(static_cast<size_t>(p)), hi};
+  std::vector<int>& layers = split.layers;
+  int64_t total = 0;
+  for (int i = 0; i < p; ++i)
+    total += layers[static_cast<size_t>(i)] = static_cast<int>(take(terms[static_cast<size_t>(i)], hi));
+  // Give back the surplus from the stages whose time is highest, which also shortens fill and drain.
+  while (total > L) {
+    int worst = -1;
+    double worst_s = -1;
+    for (int i = 0; i < p; ++i) {
+      const StageTerms& t = terms[static_cast<size_t>(i)];
+      const double s = layers[static_cast<size_t>(i)] * t.layer_s(choices.front()) + t.extra_fwd_s + t.extra_bwd_s;
+      if (layers[static_cast<size_t>(i)] > 1 && s > worst_s) worst_s = s, worst = i;
+    }
+    --layers[static_cast<size_t>(worst)];
+    --total;
+  }
+  return split;
+}
+
+}  // namespace
+
+std::optional<Plan> plan_layout(const CostModel& c, const Layout& layout, FitFailure* failure) {
+  const std::optional<Split> split = balanced_split(c, layout, failure);
+  if (!split) return std::nullopt;
+  return score_split(c, layout, split->layers, failure);
+}
+
+std::optional<Plan> plan_uniform(const CostModel& c, const Layout& layout, FitFailure* failure) {
+  const int p = static_cast<int>(layout.stages.size());
+  const int64_t L = c.model().layers;
+  std::vector<int> layers(static_cast<size_t>(p));
+  for (int i = 0; i < p; ++i) layers[static_cast<size_t>(i)] = static_cast<int>(L / p + (i < L % p ? 1 : 0));
+  return score_split(c, layout, layers, failure);
+}
+
+Layout layout_of(const Plan& plan, const Cluster& cluster) {
+  Layout l;
+  l.dp = plan.dp;
+  l.micro_batch = plan.micro_batch;
+  for (const StagePlan& s : plan.stages) l.stages.push_back({cluster.chip_index(s.chip), s.tp});
+  return l;
+}
+
+namespace {
+
+struct TypeOption {
+  int tp;
+  int stages;
+};
+
+// What a chip type may contribute to a layout: (TP, number of stages) pairs, finer per tier.
+//   exhaustive: every TP and every stage count; coarse: the two smallest TPs at which a layer fits, and stage
+//   counts 1, 2 and a quarter, half, three quarters and all of what the devices allow; greedy: the smallest
+//   TP that fits, and half or all of the devices. Every tier may also leave the type out.
+std::vector<TypeOption> type_options(const CostModel& c, int chip, int dp, int b, const std::string& tier) {
+  std::vector<int> fitting;
+  for (int t : tp_options(c, chip)) {
+    const double one_layer = c.layer_state_bytes(t, dp) + c.layer_activation_bytes(t, b, Recompute::kFull);
+    if (one_layer < c.usable_bytes(chip)) fitting.push_back(t);
+  }
+  const size_t keep = tier == "exhaustive" ? fitting.size() : tier == "coarse" ? 2 : 1;
+  if (fitting.size() > keep) fitting.resize(keep);
+  std::vector<TypeOption> out = {{1, 0}};
+  for (int t : fitting) {
+    const int max = static_cast<int>(std::min<int64_t>(c.cluster().devices_of(chip) / (dp * t), c.model().layers));
+    std::vector<int> counts;
+    if (tier == "exhaustive") {
+      for (int n = 1; n <= max; ++n) counts.push_back(n);
+    } else if (tier == "coarse") {
+      counts = {1, 2, max / 4, max / 2, 3 * max / 4, max};
+    } else {
+      counts = {max / 2, max};
+    }
+    std::sort(counts.begin(), counts.end());
+    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    for (int n : counts) {
+      if (n >= 1 && n <= max) out.push_back({t, n});
+    }
+  }
+  return out;
+}
+
+struct Search {
+  const CostModel& c;
+  const PlannerOptions& opt;
+  std::string tier;
+  std::vector<int> chips;  // chip types with devices
+  double deadline;
+  std::mutex mu;
+  std::optional<Plan> best;
+  double best_step = kInf;
+  FitFailure closest;  // the failure with the smallest memory shortfall, for the error when nothing fits
+  std::atomic<int64_t> layouts{0}, pruned_memory{0}, pruned_bound{0}, evaluated{0};
+  std::atomic<bool> out_of_time{false};
+
+  // Work of one step divided by the used devices' full rate: no layout with these devices can be faster.
+  double lower_bound(const Layout& l) const {
+    double rate = 0;
+    for (const auto& s : l.stages)
+      rate += s.tp * l.dp * c.cluster().chips[static_cast<size_t>(s.chip)].flops_per_second();
+    return c.step_model_flops() / rate;
+  }
+
+  // The lower bound depends only on which devices are used, not on their order: check it once per choice.
+  bool bound_prunes(const std::vector<std::vector<TypeOption>>& options, const std::vector<size_t>& pick, int dp) {
+    double rate = 0;
+    for (size_t i = 0; i < options.size(); ++i) {
+      const TypeOption& o = options[i][pick[i]];
+      rate += o.tp * o.stages * c.cluster().chips[static_cast<size_t>(chips[i])].flops_per_second();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (rate <= 0 || c.step_model_flops() / (rate * dp) < best_step) return false;
+    ++pruned_bound;
+    return true;
+  }
+
+  // Whole-model state that must fit in the used devices' memory.
+  bool can_fit(const Layout& l) const {
+    double have = 0, per_replica_state = 0;
+    for (const auto& s : l.stages) have += s.tp * c.usable_bytes(s.chip);
+    per_replica_state = c.model().layers * c.layer_state_bytes(1, l.dp);
+    return per_replica_state <= have;
+  }
+
+  void consider(const Layout& l) {
+    ++layouts;
+    if (!can_fit(l)) {
+      ++pruned_memory;
+      double have = 0;
+      for (const auto& s : l.stages) have += s.tp * c.usable_bytes(s.chip);
+      FitFailure f;
+      const double need = c.model().layers * c.layer_state_bytes(1, l.dp);
+      f.what = cat("the layers' weights, gradients and optimizer state need ", gib(need),
+                   " per pipeline but a layout of ", l.stages.size(), " stages holds ", gib(have));
+      f.shortfall_bytes = need - have;
+      std::lock_guard<std::mutex> lock(mu);
+      if (closest.what.empty() || f.shortfall_bytes < closest.shortfall_bytes) closest = f;
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (lower_bound(l) >= best_step) {
+        ++pruned_bound;
+        return;
+      }
+    }
+    ++evaluated;
+    FitFailure f;
+    const std::optional<Split> split = balanced_split(c, l, &f);
+    if (!split) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (closest.what.empty() || (f.shortfall_bytes > 0 && f.shortfall_bytes < closest.shortfall_bytes)) closest = f;
+      return;
+    }
+    // Every micro-batch passes the slowest stage: m x bottleneck bounds the step from below.
+    const double m = static_cast<double>(c.train().global_batch / (l.dp * l.micro_batch));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (m * split->bottleneck_s >= best_step) {
+        ++pruned_bound;
+        return;
+      }
+    }
+    std::optional<Plan> p = score_split(c, l, split->layers, &f);
+    std::lock_guard<std::mutex> lock(mu);
+    if (!p) return;
+    if (p->step_s < best_step) {
+      best_step = p->step_s;
+      best = std::move(p);
+    }
+  }
+
+  // Every choice of (tp, stages) per chip type, then the orders of the used types: all permutations in the
+  // exhaustive tier, otherwise by memory, largest first (early 1F1B stages hold more micro-batches), and the
+  // reverse; refine() later tries every order of the best layout's types.
+  void enumerate(int dp, int b) {
+    const size_t k = chips.size();
+    std::vector<std::vector<TypeOption>> options(k);
+    for (size_t i = 0; i < k; ++i) options[i] = type_options(c, chips[i], dp, b, tier);
+    std::vector<size_t> pick(k, 0);
+    while (true) {
+      if (now_s() > deadline) {
+        out_of_time = true;
+        return;
+      }
+      int total = 0;
+      std::vector<int> used;
+      for (size_t i = 0; i < k; ++i) {
+        const int n = options[i][pick[i]].stages;
+        total += n;
+        if (n > 0) used.push_back(static_cast<int>(i));
+      }
+      if (total >= 1 && total <= c.model().layers && !bound_prunes(options, pick, dp)) {
+        for (const std::vector<int>& order : orders(used)) {
+          Layout l{dp, b, {}};
+          for (int i : order) {
+            const TypeOption& o = options[static_cast<size_t>(i)][pick[static_cast<size_t>(i)]];
+            for (int j = 0; j < o.stages; ++j) l.stages.push_back({chips[static_cast<size_t>(i)], o.tp});
+          }
+          consider(l);
+        }
+      }
+      size_t i = 0;
+      while (i < k && ++pick[i] == options[i].size()) pick[i++] = 0;
+      if (i == k) return;
+    }
+  }
+
+  std::vector<std::vector<int>> orders(std::vector<int> used) const {
+    std::vector<std::vector<int>> out;
+    if (tier == "exhaustive") {
+      do out.push_back(used);
+      while (std::next_permutation(used.begin(), used.end()));
+      return out;
+    }
+    std::sort(used.begin(), used.end(), [&](int a, int z) {
+      return c.cluster().chips[static_cast<size_t>(chips[static_cast<size_t>(a)])].memory_gib >
+             c.cluster().chips[static_cast<size_t>(chips[static_cast<size_t>(z)])].memory_gib;
+    });
+    out.push_back(used);
+    if (used.size() > 1) {
+      std::reverse(used.begin(), used.end());
+      out.push_back(used);
+    }
+    return out;
+  }
+
+  // Every order of the best layout's chip-type blocks (up to 6 types; beyond, neighbouring swaps).
+  void refine() {
+    if (!best) return;
+    const Layout l = layout_of(*best, c.cluster());
+    std::vector<std::pair<int, std::vector<Layout::Slot>>> blocks;
+    for (const Layout::Slot& s : l.stages) {
+      if (blocks.empty() || blocks.back().first != s.chip) blocks.push_back({s.chip, {}});
+      blocks.back().second.push_back(s);
+    }
+    std::vector<size_t> idx(blocks.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    auto try_order = [&](const std::vector<size_t>& order) {
+      Layout n{l.dp, l.micro_batch, {}};
+      for (size_t i : order) n.stages.insert(n.stages.end(), blocks[i].second.begin(), blocks[i].second.end());
+      consider(n);
+    };
+    if (blocks.size() <= 6) {
+      while (std::next_permutation(idx.begin(), idx.end())) try_order(idx);
+    } else {
+      for (size_t i = 0; i + 1 < idx.size(); ++i) {
+        std::vector<size_t> o = idx;
+        std::swap(o[i], o[i + 1]);
+        try_order(o);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStats* stats) {
+  const double t0 = now_s();
+  Search search{c, options, "", {}, t0 + options.time_budget_s};
+  int devices = 0;
+  for (size_t i = 0; i < c.cluster().chips.size(); ++i) {
+    const int n = c.cluster().devices_of(static_cast<int>(i));
+    if (n > 0) search.chips.push_back(static_cast<int>(i));
+    devices += n;
+  }
+  if (devices == 0) throw Error(ErrorCode::kInvalidArgument, cat("cluster ", c.cluster().name, " has no devices"));
+  // (dp, micro-batch) pairs: dp divides the global batch and leaves whole micro-batches.
+  std::vector<std::pair<int, int>> pairs;
+  const int64_t G = c.train().global_batch;
+  for (int64_t dp = 1; dp <= std::min<int64_t>(G, devices); ++dp) {
+    if (G % dp != 0) continue;
+    for (int b : c.train().micro_batches) {
+      if ((G / dp) % b == 0) pairs.push_back({static_cast<int>(dp), b});
+    }
+  }
+  if (pairs.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("no micro-batch size in train.micro_batches divides the global batch ", G, "; add 1 to the list"));
+  }
+  // Anytime search: the greedy tier first (fast, and its best plan prunes the finer tiers by the lower
+  // bound), then coarse, then exhaustive, each only if its size fits the remaining budget at the rate the
+  // previous tiers ran at.
+  const unsigned threads =
+      options.threads > 0 ? static_cast<unsigned>(options.threads) : std::max(1u, std::thread::hardware_concurrency());
+  double rate = 5e4 * threads;  // layouts per second, until measured
+  for (const char* tier : {"greedy", "coarse", "exhaustive"}) {
+    double count = 0;
+    for (const auto& [dp, b] : pairs) {
+      double combos = 1;
+      for (int chip : search.chips) combos *= static_cast<double>(type_options(c, chip, dp, b, tier).size());
+      count += combos * (std::string(tier) == "exhaustive" ? std::tgamma(search.chips.size() + 1.0) : 2.0);
+    }
+    const double remaining = search.deadline - now_s();
+    if (std::string(tier) != "greedy" && count > rate * remaining) break;
+    if (std::string(tier) == "coarse" && options.finest_tier == "greedy") break;
+    if (std::string(tier) == "exhaustive" && options.finest_tier != "exhaustive") break;
+    search.tier = tier;
+    const double tier_start = now_s();
+    const int64_t before = search.layouts;
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        for (size_t i; (i = next++) < pairs.size() && !search.out_of_time;)
+          search.enumerate(pairs[i].first, pairs[i].second);
+      });
+    }
+    for (std::thread& t : pool) t.join();
+    if (search.out_of_time) break;
+    const double spent = now_s() - tier_start;
+    if (spent > 1e-3) rate = static_cast<double>(search.layouts - before) / spent;
+  }
+  search.refine();
+  if (stats != nullptr) {
+    stats->layouts = search.layouts;
+    stats->pruned_memory = search.pruned_memory;
+    stats->pruned_bound = search.pruned_bound;
+    stats->evaluated = search.evaluated;
+    stats->seconds = now_s() - t0;
+    stats->budget_exhausted = search.out_of_time;
+    stats->tier = search.tier;
+  }
+  if (!search.best && search.closest.what.empty()) {
+    // No layout was even generated: no chip type can hold one layer at any TP degree.
+    double least = kInf;
+    for (int chip : search.chips) {
+      const int t = tp_options(c, chip).back();
+      const double need = c.layer_state_bytes(t, 1) + c.layer_activation_bytes(t, 1, Recompute::kFull);
+      if (need - c.usable_bytes(chip) < least) {
+        least = need - c.usable_bytes(chip);
+        search.closest.what =
+            cat("one layer needs ", gib(need), " per device on chip type ",
+                c.cluster().chips[static_cast<size_t>(chip)].name, " at TP ", t, " with full recomputation; it has ",
+                gib(c.usable_bytes(chip)), " usable (short by ", gib(need - c.usable_bytes(chip)), ")");
+      }
+    }
+  }
+  if (!search.best) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("the model fits nowhere on cluster ", c.cluster().name, ": ",
+                    search.closest.what.empty() ? "no layout was found" : search.closest.what,
+                    ". Hint: allow full recomputation, enable ZeRO-1, or add devices with more memory"));
+  }
+  Plan plan = *search.best;
+  plan.why = cat("fastest of ", search.evaluated.load(), " costed layouts (", search.layouts.load(), " generated, ",
+                 search.pruned_memory.load(), " pruned for memory, ", search.pruned_bound.load(),
+                 " pruned by the lower bound; ", search.tier, " enumeration)");
+  if (plan.devices_used < plan.devices_total) {
+    plan.why += cat("; ", plan.devices_total - plan.devices_used, " of ", plan.devices_total,
+                    " devices are left idle because no plan using them was faster");
+  }
+  return plan;
+}
+
+}  // namespace h2

@@ -1,0 +1,75 @@
+// HeteroAuto's search (DESIGN.md, "planner"): which devices form which pipeline stages, and which layers each
+// stage runs, so that one training step on a mixed cluster is as fast as possible.
+//
+// Stage 1 enumerates resource layouts: the data-parallel width (number of pipelines), the micro-batch size,
+// and for each chip type its TP degree and its number of stages, with the chip types in some order along the
+// pipeline. Layouts that cannot hold the model even with full recomputation are dropped before costing, and so
+// are layouts whose lower bound (all work at the used devices' full rate) is no better than the best plan so
+// far. How finely stage counts and orders are enumerated is chosen from the size of the space so that the
+// search fits its time budget (the "tier", reported); small clusters are enumerated completely.
+// Stage 2 splits the layers over a layout's stages: a binary search on the slowest stage's time, where each
+// stage takes as many layers as its memory allows under its best recomputation choice — the exact minimum of
+// the slowest stage — then the plan is scored with the 1F1B pipeline formula (cost_model.h).
+// Devices may be left idle when that is faster; the plan says so.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/cost_model.h"
+#include "planner/plan.h"
+
+namespace h2 {
+
+struct PlannerOptions {
+  double time_budget_s = 10.0;             // stop enumerating after this long and return the best plan found
+  int threads = 0;                         // 0: one per core
+  std::string finest_tier = "exhaustive";  // stop after this tier: "greedy", "coarse" or "exhaustive"
+};
+
+struct SearchStats {
+  int64_t layouts = 0;        // resource layouts generated
+  int64_t pruned_memory = 0;  // dropped before costing: the model cannot fit on them
+  int64_t pruned_bound = 0;   // dropped before costing: cannot beat the best plan so far
+  int64_t evaluated = 0;      // layouts whose layer split was computed and scored
+  double seconds = 0;
+  bool budget_exhausted = false;
+  std::string tier;  // "exhaustive", "coarse" or "greedy"
+};
+
+// A resource layout: the pipeline's stages in order, each a chip type and a TP degree, replicated dp times.
+struct Layout {
+  int dp = 1;
+  int micro_batch = 1;
+  struct Slot {
+    int chip = 0;
+    int tp = 1;
+  };
+  std::vector<Slot> stages;
+};
+
+// Why a layout or a split did not give a plan.
+struct FitFailure {
+  std::string what;  // "stage 2 (A, TP 2) needs 41.3 GiB per device with full recomputation; it has 30.4"
+  double shortfall_bytes = 0;
+};
+
+// The best plan, or Error(kInvalidArgument) when nothing fits, naming the constraint that fails and by how much.
+Plan plan_training(const CostModel& costs, const PlannerOptions& options, SearchStats* stats = nullptr);
+
+// Scores a layout with the given layers per stage (recomputation: each stage's fastest choice that fits).
+std::optional<Plan> score_split(const CostModel& costs, const Layout& layout, const std::vector<int>& layers,
+                                FitFailure* failure = nullptr);
+// The balanced split of stage 2 (see above), or nullopt with the reason.
+std::optional<Plan> plan_layout(const CostModel& costs, const Layout& layout, FitFailure* failure = nullptr);
+// The uniform split on a layout: layers divided as evenly as possible (the baseline HeteroAuto is measured against).
+std::optional<Plan> plan_uniform(const CostModel& costs, const Layout& layout, FitFailure* failure = nullptr);
+
+Layout layout_of(const Plan& plan, const Cluster& cluster);
+
+// TP degrees a chip type may use: powers of two within a node that divide the head counts.
+std::vector<int> tp_options(const CostModel& costs, int chip);
+
+}  // namespace h2

@@ -1,0 +1,196 @@
+// Loading and checking cluster, model and training files.
+#include "planner/spec.h"
+
+#include "core/error.h"
+
+namespace h2 {
+namespace {
+
+double positive(const ConfigNode& node, const char* key) {
+  const double v = node.get<double>(key);
+  if (!(v > 0)) node.at(key).fail(cat("must be positive, got ", v));
+  return v;
+}
+
+double non_negative(const ConfigNode& node, const char* key, double fallback) {
+  const double v = node.get<double>(key, fallback);
+  if (!(v >= 0)) node.at(key).fail(cat("must be >= 0, got ", v));
+  return v;
+}
+
+int64_t positive_int(const ConfigNode& node, const char* key) {
+  const int64_t v = node.get<int64_t>(key);
+  if (v <= 0) node.at(key).fail(cat("must be a positive integer, got ", v));
+  return v;
+}
+
+}  // namespace
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+int Cluster::chip_index(const std::string& n) const {
+  for (size_t i = 0; i < chips.size(); ++i) {
+    if (chips[i].name == n) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+const NodeGroup& Cluster::group_of(int chip) const {
+  for (const NodeGroup& g : groups) {
+    if (g.chip == chip) return g;
+  }
+  throw Error(ErrorCode::kNotFound,
+              cat("cluster ", name, ": no node group of chip type '", chips[static_cast<size_t>(chip)].name, "'"));
+}
+
+int Cluster::devices_of(int chip) const {
+  int n = 0;
+  for (const NodeGroup& g : groups) n += g.chip == chip ? g.devices() : 0;
+  return n;
+}
+
+GroupLink Cluster::link(int a, int b) const {
+  if (a == b) {
+    const NodeGroup& g = group_of(a);
+    return GroupLink{a, a, g.nic_gbps, g.nic_latency_us, true};
+  }
+  for (const GroupLink& l : links) {
+    if ((l.a == a && l.b == b) || (l.a == b && l.b == a)) return l;
+  }
+  throw Error(ErrorCode::kNotFound,
+              cat("cluster ", name, ": no link between chip types '", chips[static_cast<size_t>(a)].name, "' and '",
+                  chips[static_cast<size_t>(b)].name, "'"));
+}
+
+Cluster Cluster::only(int chip) const {
+  Cluster c = *this;
+  c.name = name + "/" + chips[static_cast<size_t>(chip)].name;
+  c.groups.clear();
+  for (const NodeGroup& g : groups) {
+    if (g.chip == chip) c.groups.push_back(g);
+  }
+  return c;
+}
+
+Cluster load_cluster(const ConfigNode& root) {
+  root.allow_only({"name", "chips", "groups", "links"});
+  Cluster c;
+  c.name = root.get<std::string>("name", root.file());
+  for (const ConfigNode& n : root.at("chips").items()) {
+    n.allow_only(
+        {"name", "vendor", "peak_tflops", "efficiency", "memory_gib", "memory_bandwidth_gbps", "host_link_gbps"});
+    ChipType t;
+    t.name = n.get<std::string>("name");
+    if (c.chip_index(t.name) >= 0) n.at("name").fail(cat("chip type '", t.name, "' is defined twice"));
+    t.vendor = n.get<std::string>("vendor", "unknown");
+    t.peak_tflops = positive(n, "peak_tflops");
+    t.efficiency = n.get<double>("efficiency", t.efficiency);
+    if (!(t.efficiency > 0 && t.efficiency <= 1)) n.at("efficiency").fail("must be in (0, 1]");
+    t.memory_gib = positive(n, "memory_gib");
+    t.memory_bandwidth_gbps = positive(n, "memory_bandwidth_gbps");
+    t.host_link_gbps = n.has("host_link_gbps") ? positive(n, "host_link_gbps") : t.host_link_gbps;
+    c.chips.push_back(t);
+  }
+  if (c.chips.empty()) root.at("chips").fail("lists no chip types; a cluster needs at least one");
+  for (const ConfigNode& n : root.at("groups").items()) {
+    n.allow_only(
+        {"chip", "nodes", "chips_per_node", "intra_node_gbps", "intra_node_latency_us", "nic_gbps", "nic_latency_us"});
+    NodeGroup g;
+    const std::string chip = n.get<std::string>("chip");
+    g.chip = c.chip_index(chip);
+    if (g.chip < 0) n.at("chip").fail(cat("unknown chip type '", chip, "'; the file defines it under chips: first"));
+    for (const NodeGroup& other : c.groups) {
+      if (other.chip == g.chip) n.at("chip").fail(cat("chip type '", chip, "' has two node groups; merge them"));
+    }
+    g.nodes = static_cast<int>(positive_int(n, "nodes"));
+    g.chips_per_node = static_cast<int>(positive_int(n, "chips_per_node"));
+    g.intra_node_gbps = g.chips_per_node > 1 ? positive(n, "intra_node_gbps") : n.get<double>("intra_node_gbps", 0);
+    g.intra_node_latency_us = non_negative(n, "intra_node_latency_us", 2);
+    g.nic_gbps = positive(n, "nic_gbps");
+    g.nic_latency_us = non_negative(n, "nic_latency_us", g.nic_latency_us);
+    c.groups.push_back(g);
+  }
+  if (c.groups.empty()) root.at("groups").fail("lists no node groups: the cluster has no devices");
+  if (auto links = root.find("links")) {
+    for (const ConfigNode& n : links->items()) {
+      n.allow_only({"between", "bandwidth_gbps", "latency_us", "device_direct"});
+      const std::vector<ConfigNode> ends = n.at("between").items();
+      if (ends.size() != 2) n.at("between").fail("must name two chip types");
+      GroupLink l;
+      int* idx[2] = {&l.a, &l.b};
+      for (size_t i = 0; i < 2; ++i) {
+        *idx[i] = c.chip_index(ends[i].as_string());
+        if (*idx[i] < 0) ends[i].fail(cat("unknown chip type '", ends[i].as_string(), "'"));
+      }
+      if (l.a == l.b) n.at("between").fail("a link joins two different chip types (within a type the NICs are used)");
+      l.bandwidth_gbps = positive(n, "bandwidth_gbps");
+      l.latency_us = non_negative(n, "latency_us", 10);
+      l.device_direct = n.get<bool>("device_direct", false);
+      c.links.push_back(l);
+    }
+  }
+  return c;
+}
+
+TransformerShape load_model(const ConfigNode& root) {
+  root.allow_only({"name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "tied_embeddings"});
+  TransformerShape s;
+  s.layers = positive_int(root, "layers");
+  s.hidden = positive_int(root, "hidden");
+  s.heads = positive_int(root, "heads");
+  s.kv_heads = root.has("kv_heads") ? positive_int(root, "kv_heads") : s.heads;
+  s.ffn = root.has("ffn") ? positive_int(root, "ffn") : 4 * s.hidden;
+  s.vocab = positive_int(root, "vocab");
+  s.seq_len = positive_int(root, "seq_len");
+  s.tied_embeddings = root.get<bool>("tied_embeddings", true);
+  if (s.hidden % s.heads != 0) root.at("heads").fail(cat(s.heads, " heads do not divide hidden = ", s.hidden));
+  if (s.heads % s.kv_heads != 0) root.at("kv_heads").fail(cat(s.kv_heads, " kv_heads do not divide heads = ", s.heads));
+  return s;
+}
+
+TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape&) {
+  root.allow_only({"global_batch", "precision", "recompute", "zero1", "micro_batches"});
+  TrainSetup t;
+  t.global_batch = positive_int(root, "global_batch");
+  const std::string precision = root.get<std::string>("precision", "bf16");
+  if (precision != "bf16")
+    root.at("precision").fail("only bf16 (bf16 compute, fp32 master weights and Adam) is modelled");
+  if (auto r = root.find("recompute")) {
+    t.allowed_recompute.clear();
+    for (const ConfigNode& item : r->items()) {
+      const std::string v = item.as_string();
+      if (v == "none")
+        t.allowed_recompute.push_back(Recompute::kNone);
+      else if (v == "selective")
+        t.allowed_recompute.push_back(Recompute::kSelective);
+      else if (v == "full")
+        t.allowed_recompute.push_back(Recompute::kFull);
+      else
+        item.fail(cat("unknown recomputation '", v, "'; use none, selective or full"));
+    }
+    if (t.allowed_recompute.empty()) r->fail("allows no recomputation choice; list at least 'none'");
+  }
+  t.zero1 = root.get<bool>("zero1", t.zero1);
+  if (auto mb = root.find("micro_batches")) {
+    t.micro_batches.clear();
+    for (const ConfigNode& item : mb->items()) {
+      const int64_t v = item.as_int();
+      if (v <= 0) item.fail("micro-batch sizes must be positive");
+      t.micro_batches.push_back(static_cast<int>(v));
+    }
+    if (t.micro_batches.empty()) mb->fail("lists no micro-batch size");
+  }
+  return t;
+}
+
+}  // namespace h2

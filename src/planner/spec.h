@@ -1,0 +1,79 @@
+// The planner's inputs (DESIGN.md, "planner"): a cluster, a model and a training setup, each from a YAML file
+// documented in docs/planner.md. Every loader checks what it reads and its errors name the file, the line and
+// the field (an unknown chip type, a size that is zero or negative, heads that do not divide hidden, an empty
+// cluster, ...).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "model/costs.h"
+
+namespace h2 {
+
+struct ChipType {
+  std::string name;
+  std::string vendor;
+  double peak_tflops = 0;            // dense bf16 TFLOP/s from the datasheet or a profile
+  double efficiency = 0.5;           // achievable fraction of peak on large matmuls (measured: `h2 profile`)
+  double memory_gib = 0;             // device memory
+  double memory_bandwidth_gbps = 0;  // device memory bandwidth, GB/s
+  double host_link_gbps = 25;        // device <-> host (PCIe), GB/s: the path of host-staged transfers
+
+  double flops_per_second() const { return peak_tflops * 1e12 * efficiency; }
+  double memory_bytes() const { return memory_gib * 1073741824.0; }
+};
+
+struct NodeGroup {
+  int chip = 0;  // index into Cluster::chips
+  int nodes = 0;
+  int chips_per_node = 0;
+  double intra_node_gbps = 0;  // per chip, between chips of one node (NVLink-like), GB/s
+  double intra_node_latency_us = 0;
+  double nic_gbps = 0;  // per chip, to other nodes, GB/s
+  double nic_latency_us = 5;
+
+  int devices() const { return nodes * chips_per_node; }
+};
+
+// A link between two node groups of different chip types (within one type, the NICs are used).
+struct GroupLink {
+  int a = 0, b = 0;  // chip indices
+  double bandwidth_gbps = 0;
+  double latency_us = 0;
+  bool device_direct = false;  // RDMA straight from device memory; false: staged through host memory
+};
+
+struct Cluster {
+  std::string name;
+  std::vector<ChipType> chips;
+  std::vector<NodeGroup> groups;  // one per chip type, in chip order
+  std::vector<GroupLink> links;
+
+  int devices_of(int chip) const;
+  const NodeGroup& group_of(int chip) const;
+  // The link between two chip types; for a == b the group's NIC. Throws if the cluster defines none.
+  GroupLink link(int a, int b) const;
+  int chip_index(const std::string& name) const;  // -1 when absent
+  // A cluster of only the devices of chip `chip` (for the per-type baselines).
+  Cluster only(int chip) const;
+};
+
+enum class Precision { kBf16 };
+
+struct TrainSetup {
+  int64_t global_batch = 0;  // sequences per optimizer step
+  std::vector<Recompute> allowed_recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  bool zero1 = true;  // shard the fp32 master weights and Adam moments across data-parallel ranks
+  std::vector<int> micro_batches = {1, 2, 4, 8};  // micro-batch sizes the search may use
+};
+
+Cluster load_cluster(const ConfigNode& root);
+TransformerShape load_model(const ConfigNode& root);
+TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape& model);
+
+const char* recompute_name(Recompute r);
+
+}  // namespace h2

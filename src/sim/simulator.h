@@ -1,0 +1,42 @@
+// The discrete-event simulator (DESIGN.md, "planner and simulator"): replays a plan's pipeline schedule event
+// by event — each stage's compute in its schedule's order, each activation and gradient over its link, the
+// gradient all-reduce and the optimizer step — and returns the step time, the bubble, each device's busy time
+// and peak memory, and a Chrome/Perfetto trace. It judges the planner, whose 1F1B step time is a closed form.
+//
+// Durations come from the plan (which the cost model wrote); only the schedule is the simulator's own. Links:
+// each stage boundary is a resource per direction, so transfers over it queue behind one another (contention);
+// under interleaving the boundary from the last rank back to the first uses the slowest boundary's time.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "pipeline/schedule.h"
+#include "planner/plan.h"
+
+namespace h2 {
+
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved };
+ScheduleKind parse_schedule_kind(const std::string& name);  // gpipe | 1f1b | interleaved
+
+struct SimOptions {
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int chunks = 2;  // virtual stages per rank for interleaved 1F1B
+};
+
+struct SimResult {
+  double step_s = 0;      // to the last optimizer step
+  double pipeline_s = 0;  // to the last backward
+  double bubble_fraction = 0;
+  std::vector<double> busy_s;             // compute time per stage
+  std::vector<double> peak_memory_bytes;  // per device of each stage
+  std::vector<double> capacity_bytes;
+  std::string trace_json;  // Chrome trace format: load in chrome://tracing or ui.perfetto.dev
+
+  bool fits() const;
+};
+
+// Throws Error(kInvalidArgument) when the schedule deadlocks (with the dry run's grid).
+SimResult simulate(const Plan& plan, const SimOptions& options);
+
+}  // namespace h2

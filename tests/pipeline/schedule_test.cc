@@ -1,0 +1,82 @@
+// The schedule IR: text round trips, generator invariants, and the dry run's deadlock detection.
+#include "pipeline/schedule.h"
+
+#include <map>
+
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Action, PrintsAndParses) {
+  for (const char* text : {"2F0", "0B13", "3SEND_F7", "1RECV_F0", "4SEND_B2", "0RECV_B11", "2REDUCE_GRAD", "5OPTIM"}) {
+    EXPECT_EQ(Action::parse(text).str(), text);
+  }
+  EXPECT_EQ(Action::parse("2F0"), (Action{ActionType::kForward, 2, 0}));
+  for (const char* bad : {"F0", "2X0", "2F", "2OPTIM3", "", "2SEND_Fx"}) {
+    EXPECT_THAT(testing_util::error_of([&] { Action::parse(bad); }, ErrorCode::kInvalidArgument),
+                HasSubstr("is not a schedule action"));
+  }
+}
+
+// Every rank runs each of its micro-batches forward once and backward once, forward first, and 1F1B keeps at
+// most ranks - r micro-batches in flight on rank r.
+TEST(Generators, OneFOneBInvariants) {
+  for (int p : {1, 2, 4}) {
+    for (int m : {1, 3, 8}) {
+      const Schedule s = schedule_1f1b(p, m);
+      EXPECT_EQ(dry_run(s), "");
+      for (int r = 0; r < p; ++r) {
+        std::map<int, int> state;
+        int live = 0, peak = 0;
+        for (const Action& a : s.actions[static_cast<size_t>(r)]) {
+          EXPECT_EQ(a.stage, r);
+          if (a.type == ActionType::kForward) {
+            EXPECT_EQ(state[a.micro_batch]++, 0);
+            peak = std::max(peak, ++live);
+          } else {
+            EXPECT_EQ(state[a.micro_batch]++, 1);
+            --live;
+          }
+        }
+        EXPECT_EQ(state.size(), static_cast<size_t>(m));
+        EXPECT_LE(peak, std::min(p - r, m));
+      }
+    }
+  }
+}
+
+TEST(Generators, GPipeAndInterleavedComplete) {
+  EXPECT_EQ(dry_run(schedule_gpipe(3, 5)), "");
+  const Schedule s = schedule_interleaved(2, 3, 4);
+  EXPECT_EQ(s.stages, 6);
+  EXPECT_EQ(dry_run(s), "");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(s.actions[static_cast<size_t>(r)].size(), 2u * 3 * 4);
+    for (const Action& a : s.actions[static_cast<size_t>(r)]) EXPECT_EQ(s.rank_of(a.stage), r);
+  }
+  EXPECT_THAT(testing_util::error_of([] { schedule_interleaved(2, 2, 3); }, ErrorCode::kInvalidArgument),
+              HasSubstr("a multiple of the ranks"));
+}
+
+TEST(DryRun, FindsADeadlockAndMarksIt) {
+  // Rank 1 waits for micro-batch 1 first, but rank 0 will only send it after receiving micro-batch 0's gradient.
+  const Schedule s = Schedule::parse_csv("0,0F0,0B0,0F1,0B1\n1,1F1,1B1,1F0,1B0\n", 2, 2, 2);
+  const std::string grid = dry_run(s);
+  EXPECT_THAT(grid, HasSubstr("deadlock"));
+  EXPECT_THAT(grid, HasSubstr("0B0*"));
+  EXPECT_THAT(grid, HasSubstr("1F1*"));
+}
+
+TEST(Csv, RoundTripsAndRejectsMisplacedActions) {
+  const Schedule s = schedule_1f1b(3, 4);
+  const Schedule back = Schedule::parse_csv(s.to_csv(), 3, 3, 4);
+  EXPECT_EQ(back.actions, s.actions);
+  EXPECT_THAT(testing_util::error_of([] { Schedule::parse_csv("0,1F0\n", 2, 2, 1); }, ErrorCode::kInvalidArgument),
+              HasSubstr("does not belong on rank 0"));
+}
+
+}  // namespace
+}  // namespace h2

@@ -1,0 +1,280 @@
+// HeteroAuto: spec errors, cost formulas against closed forms, the search against exhaustive enumeration,
+// and the plans against the simulator.
+#include "planner/planner.h"
+
+#include <cmath>
+#include <functional>
+
+#include "sim/simulator.h"
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::error_of;
+
+Cluster cluster_of(const std::string& yaml) { return load_cluster(ConfigNode::parse_string(yaml, "c.yaml")); }
+
+// Two chip types: X fast with little memory, Y slow with much. Sizes chosen so memory binds.
+const char* kSmallCluster = R"(
+name: small
+chips:
+  - {name: X, peak_tflops: 100, efficiency: 0.5, memory_gib: 2, memory_bandwidth_gbps: 1000}
+  - {name: Y, peak_tflops: 40, efficiency: 0.5, memory_gib: 8, memory_bandwidth_gbps: 500}
+  - {name: Z, peak_tflops: 60, efficiency: 0.5, memory_gib: 4, memory_bandwidth_gbps: 800}
+groups:
+  - {chip: X, nodes: 1, chips_per_node: 2, intra_node_gbps: 100, nic_gbps: 10}
+  - {chip: Y, nodes: 2, chips_per_node: 2, intra_node_gbps: 50, nic_gbps: 10}
+  - {chip: Z, nodes: 1, chips_per_node: 2, intra_node_gbps: 80, nic_gbps: 20}
+links:
+  - {between: [X, Y], bandwidth_gbps: 5, latency_us: 10, device_direct: false}
+  - {between: [X, Z], bandwidth_gbps: 10, latency_us: 10, device_direct: true}
+  - {between: [Y, Z], bandwidth_gbps: 5, latency_us: 10, device_direct: false}
+)";
+
+TransformerShape small_model(int64_t layers) {
+  return TransformerShape{.layers = layers,
+                          .hidden = 2048,
+                          .heads = 16,
+                          .kv_heads = 16,
+                          .ffn = 8192,
+                          .vocab = 32000,
+                          .seq_len = 1024,
+                          .tied_embeddings = true};
+}
+
+TEST(Spec, ShippedExamplesLoad) {
+  const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
+  const Cluster c = load_cluster(ConfigNode::load_file(dir + "cluster_hetero1024.yaml"));
+  int total = 0;
+  for (size_t k = 0; k < c.chips.size(); ++k) total += c.devices_of(static_cast<int>(k));
+  EXPECT_EQ(total, 1024);
+  EXPECT_EQ(c.chips.size(), 4u);
+  const TransformerShape m = load_model(ConfigNode::load_file(dir + "model_100b.yaml"));
+  EXPECT_NEAR(static_cast<double>(total_params(m)), 101.2e9, 0.1e9);
+  EXPECT_EQ(load_train_setup(ConfigNode::load_file(dir + "train_100b.yaml"), m).global_batch, 1024);
+}
+
+TEST(Spec, BadInputNamesFileAndField) {
+  EXPECT_THAT(error_of(
+                  [] {
+                    cluster_of(
+                        "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1}\n"
+                        "groups:\n  - {chip: Q, nodes: 1, chips_per_node: 1, nic_gbps: 1}\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("c.yaml:4:12: field 'groups[0].chip': unknown chip type 'Q'"));
+  EXPECT_THAT(error_of(
+                  [] {
+                    cluster_of(
+                        "chips:\n  - {name: X, peak_tflops: 0, memory_gib: 1, memory_bandwidth_gbps: 1}\n"
+                        "groups: []\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("field 'chips[0].peak_tflops': must be positive, got 0"));
+  EXPECT_THAT(error_of([] { cluster_of("chips: []\ngroups: []\n"); }, ErrorCode::kConfig),
+              HasSubstr("lists no chip types"));
+  EXPECT_THAT(error_of(
+                  [] {
+                    cluster_of(
+                        "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1}\n"
+                        "groups: []\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("the cluster has no devices"));
+  EXPECT_THAT(error_of(
+                  [] {
+                    cluster_of(
+                        "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1}\n"
+                        "groups:\n  - {chip: X, nodes: -2, chips_per_node: 1, nic_gbps: 1}\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("field 'groups[0].nodes': must be a positive integer, got -2"));
+  EXPECT_THAT(
+      error_of(
+          [] {
+            load_model(ConfigNode::parse_string("layers: 2\nhidden: 100\nheads: 3\nvocab: 10\nseq_len: 8\n", "m.yaml"));
+          },
+          ErrorCode::kConfig),
+      HasSubstr("m.yaml:3:8: field 'heads': 3 heads do not divide hidden = 100"));
+  EXPECT_THAT(
+      error_of([] { load_train_setup(ConfigNode::parse_string("global_batch: 0\n", "t.yaml"), small_model(2)); },
+               ErrorCode::kConfig),
+      HasSubstr("field 'global_batch': must be a positive integer"));
+}
+
+TEST(CostModel, MatchesClosedForms) {
+  const Cluster c = cluster_of(kSmallCluster);
+  TrainSetup t{.global_batch = 8, .zero1 = false};
+  const CostModel costs(c, small_model(4), t);
+  // Ring all-reduce of 1 GB over 4 ranks at 10 GB/s and 5 us: 2 * 3/4 * 0.1 s + 6 * 5 us.
+  EXPECT_NEAR(costs.ring_allreduce_s(1e9, 4, 10, 5), 0.15 + 30e-6, 1e-12);
+  // Without ZeRO, 16 bytes per parameter, split by TP.
+  EXPECT_DOUBLE_EQ(costs.layer_state_bytes(2, 4), costs.params_per_layer() / 2 * 16);
+  // A layer's forward on X at TP 1: 2 m n k FLOPs at 50 TFLOP/s.
+  EXPECT_NEAR(costs.layer_forward_s(0, 1, 1), layer_forward_flops(small_model(4), 1024) / 50e12, 1e-15);
+  // Host-staged transfers pay two host-link copies on top of the link (X -> Y has no device-direct path).
+  const double bytes = 1024.0 * 2048 * 2;
+  EXPECT_NEAR(costs.transfer_s(0, 1, 1, 1, 1), 10e-6 + bytes / 5e9 + 2 * bytes / 25e9, 1e-12);
+  EXPECT_NEAR(costs.transfer_s(0, 1, 2, 1, 1), 10e-6 + bytes / 10e9, 1e-12);
+}
+
+// The reference: every layout (all DP widths, micro-batches, TP and stage counts per type, orders) and every
+// split of the layers into stages, each scored with the same formula.
+double exhaustive_best(const CostModel& costs) {
+  double best = INFINITY;
+  const Cluster& c = costs.cluster();
+  const int L = static_cast<int>(costs.model().layers);
+  int devices = 0;
+  for (size_t k = 0; k < c.chips.size(); ++k) devices += c.devices_of(static_cast<int>(k));
+  for (int dp = 1; dp <= devices; ++dp) {
+    if (costs.train().global_batch % dp != 0) continue;
+    for (int b : costs.train().micro_batches) {
+      if ((costs.train().global_batch / dp) % b != 0) continue;
+      // (tp, stages) per type, recursively; then every order and every composition of L.
+      std::vector<std::vector<std::pair<int, int>>> per_type;
+      for (size_t k = 0; k < c.chips.size(); ++k) {
+        std::vector<std::pair<int, int>> o = {{1, 0}};
+        if (c.devices_of(static_cast<int>(k)) == 0) {
+          per_type.push_back(o);
+          continue;
+        }
+        for (int t : tp_options(costs, static_cast<int>(k))) {
+          for (int s = 1; s * t * dp <= c.devices_of(static_cast<int>(k)) && s <= L; ++s) o.push_back({t, s});
+        }
+        per_type.push_back(o);
+      }
+      std::vector<size_t> pick(per_type.size(), 0);
+      while (true) {
+        std::vector<int> used;
+        int stages = 0;
+        for (size_t k = 0; k < per_type.size(); ++k) {
+          if (per_type[k][pick[k]].second > 0) used.push_back(static_cast<int>(k));
+          stages += per_type[k][pick[k]].second;
+        }
+        if (stages >= 1 && stages <= L) {
+          std::sort(used.begin(), used.end());
+          do {
+            Layout l{dp, b, {}};
+            for (int k : used) {
+              for (int s = 0; s < per_type[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]].second; ++s) {
+                l.stages.push_back({k, per_type[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]].first});
+              }
+            }
+            // Every composition of L into `stages` positive parts.
+            std::vector<int> split(static_cast<size_t>(stages));
+            std::function<void(int, int)> compose = [&](int i, int left) {
+              if (i == stages - 1) {
+                split[static_cast<size_t>(i)] = left;
+                if (auto p = score_split(costs, l, split)) best = std::min(best, p->step_s);
+                return;
+              }
+              for (int n = 1; n <= left - (stages - 1 - i); ++n) {
+                split[static_cast<size_t>(i)] = n;
+                compose(i + 1, left - n);
+              }
+            };
+            compose(0, L);
+          } while (std::next_permutation(used.begin(), used.end()));
+        }
+        size_t k = 0;
+        while (k < pick.size() && ++pick[k] == per_type[k].size()) pick[k++] = 0;
+        if (k == pick.size()) break;
+      }
+    }
+  }
+  return best;
+}
+
+TEST(Search, WithinOnePercentOfExhaustiveOnSmallClusters) {
+  for (int layers : {6, 8}) {
+    Cluster c = cluster_of(kSmallCluster);
+    if (layers == 8) c = c.only(0), c.groups.push_back(cluster_of(kSmallCluster).groups[1]);  // two types
+    const CostModel costs(c, small_model(layers), TrainSetup{.global_batch = 16, .micro_batches = {1, 2}});
+    SearchStats stats;
+    const Plan plan = plan_training(costs, PlannerOptions{}, &stats);
+    const double reference = exhaustive_best(costs);
+    ASSERT_TRUE(std::isfinite(reference));
+    EXPECT_EQ(stats.tier, "exhaustive");
+    EXPECT_LE(plan.step_s, reference * 1.01)
+        << layers << " layers: search " << plan.step_s << " s, optimum " << reference;
+    EXPECT_GE(plan.step_s, reference * (1 - 1e-9));  // and no plan beats the optimum
+  }
+}
+
+TEST(Search, FitsNowhereSaysWhyAndByHowMuch) {
+  TransformerShape huge = small_model(40);
+  huge.hidden = 16384;
+  huge.heads = 16;
+  huge.kv_heads = 16;
+  huge.ffn = 65536;
+  const CostModel costs(cluster_of(kSmallCluster), huge, TrainSetup{.global_batch = 8});
+  const std::string msg = error_of([&] { plan_training(costs, PlannerOptions{}); }, ErrorCode::kInvalidArgument);
+  EXPECT_THAT(msg, HasSubstr("the model fits nowhere on cluster small"));
+  EXPECT_THAT(msg, ::testing::AnyOf(HasSubstr("short by"), HasSubstr("need more memory")));
+}
+
+class Hetero1024 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
+    cluster_ = load_cluster(ConfigNode::load_file(dir + "cluster_hetero1024.yaml"));
+    model_ = load_model(ConfigNode::load_file(dir + "model_100b.yaml"));
+    train_ = load_train_setup(ConfigNode::load_file(dir + "train_100b.yaml"), model_);
+  }
+  Cluster cluster_;
+  TransformerShape model_;
+  TrainSetup train_;
+};
+
+TEST_F(Hetero1024, UniformSplitDoesNotFitOrIsSlower) {
+  const CostModel costs(cluster_, model_, train_);
+  const Plan plan = plan_training(costs, PlannerOptions{.finest_tier = "greedy"});
+  EXPECT_TRUE(plan.fits);
+  const std::optional<Plan> uniform = plan_uniform(costs, layout_of(plan, cluster_));
+  if (uniform) {
+    EXPECT_GT(uniform->step_s, plan.step_s);
+  }
+  // The heterogeneous ratio is defined and reported: each type alone plans too.
+  double alone = 0;
+  for (int k = 0; k < 4; ++k) alone += plan_training(CostModel(cluster_.only(k), model_, train_), {}).tokens_per_s;
+  EXPECT_GT(plan.tokens_per_s / alone, 0.0);
+}
+
+TEST_F(Hetero1024, SimulatorAgreesWithThePlannerAndMemoryHolds) {
+  const CostModel costs(cluster_, model_, train_);
+  const Plan plan = plan_training(costs, PlannerOptions{.finest_tier = "greedy"});
+  const SimResult r = simulate(plan, SimOptions{});
+  EXPECT_NEAR(plan.step_s / r.step_s, 1.0, 0.02);
+  EXPECT_TRUE(r.fits());
+}
+
+TEST(Plan, JsonRoundTripAndVersion) {
+  const CostModel costs(cluster_of(kSmallCluster), small_model(6), TrainSetup{.global_batch = 8});
+  Plan plan = plan_training(costs, PlannerOptions{});
+  plan.model = "small";
+  const Plan back = Plan::from_json(plan.to_json(), "p.json");
+  EXPECT_EQ(back.to_json(), plan.to_json());
+  std::string text = plan.to_json();
+  text.replace(text.find("\"version\": 1"), 12, "\"version\": 9");
+  EXPECT_THAT(error_of([&] { Plan::from_json(text, "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: plan version 9"));
+  EXPECT_THAT(error_of([&] { Plan::from_json("{\"format\": \"h2-plan\"}", "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: field 'version'"));
+}
+
+TEST(Plan, EveryFittingPlanFitsInTheSimulator) {
+  for (int layers : {4, 6, 12}) {
+    const CostModel costs(cluster_of(kSmallCluster), small_model(layers), TrainSetup{.global_batch = 16});
+    const Plan plan = plan_training(costs, PlannerOptions{});
+    ASSERT_TRUE(plan.fits);
+    const SimResult r = simulate(plan, SimOptions{});
+    EXPECT_TRUE(r.fits()) << layers << " layers";
+    for (size_t i = 0; i < plan.stages.size(); ++i)
+      EXPECT_LE(r.peak_memory_bytes[i], plan.stages[i].memory_bytes * (1 + 1e-9));
+  }
+}
+
+}  // namespace
+}  // namespace h2

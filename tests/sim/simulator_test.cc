@@ -1,0 +1,81 @@
+// The simulator against closed forms on uniform pipelines.
+#include "sim/simulator.h"
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+// p identical stages, forward f and backward b per micro-batch, no links, no DP.
+Plan uniform_plan(int p, int m, double f, double b) {
+  Plan plan;
+  plan.num_micro_batches = m;
+  plan.micro_batch = 1;
+  plan.shape.layers = p;
+  for (int i = 0; i < p; ++i) {
+    StagePlan s;
+    s.chip = "X";
+    s.first_layer = i;
+    s.layers = 1;
+    s.forward_s = f;
+    s.backward_s = b;
+    s.state_bytes = 100;
+    s.activation_bytes = 10;
+    s.in_flight = std::min(p - i, m);
+    s.memory_bytes = s.state_bytes + s.in_flight * s.activation_bytes;
+    s.capacity_bytes = 1000;
+    plan.stages.push_back(s);
+  }
+  return plan;
+}
+
+TEST(Simulator, OneFOneBMatchesTheClosedForm) {
+  // With equal stages the 1F1B makespan is (m + p - 1) (f + b) and the bubble (p - 1) / (m + p - 1).
+  for (auto [p, m] : {std::pair{4, 8}, {3, 1}, {1, 5}, {5, 16}}) {
+    const SimResult r = simulate(uniform_plan(p, m, 1.0, 2.0), SimOptions{});
+    EXPECT_DOUBLE_EQ(r.pipeline_s, (m + p - 1) * 3.0) << p << " stages, " << m << " micro-batches";
+    EXPECT_NEAR(r.bubble_fraction, static_cast<double>(p - 1) / (m + p - 1), 1e-12);
+  }
+}
+
+TEST(Simulator, GPipeHoldsEveryMicroBatch1F1BOnlyTheDepth) {
+  const Plan plan = uniform_plan(4, 8, 1.0, 2.0);
+  const SimResult gpipe = simulate(plan, SimOptions{.schedule = ScheduleKind::kGPipe});
+  const SimResult one = simulate(plan, SimOptions{});
+  EXPECT_DOUBLE_EQ(gpipe.peak_memory_bytes[0], 100 + 8 * 10);
+  EXPECT_DOUBLE_EQ(one.peak_memory_bytes[0], 100 + 4 * 10);
+  EXPECT_DOUBLE_EQ(one.peak_memory_bytes[3], 100 + 1 * 10);
+  EXPECT_TRUE(one.fits());
+}
+
+TEST(Simulator, InterleavingShrinksTheBubble) {
+  const Plan plan = uniform_plan(4, 8, 1.0, 2.0);
+  const SimResult one = simulate(plan, SimOptions{});
+  const SimResult inter = simulate(plan, SimOptions{.schedule = ScheduleKind::kInterleaved, .chunks = 2});
+  EXPECT_LT(inter.bubble_fraction, one.bubble_fraction);
+  EXPECT_LT(inter.pipeline_s, one.pipeline_s);
+}
+
+TEST(Simulator, LinksAndReductionsAddTheirTime) {
+  Plan plan = uniform_plan(2, 1, 1.0, 2.0);
+  plan.stages[0].send_s = 0.5;
+  plan.stages[0].dp_allreduce_s = 0.25;
+  plan.stages[0].optimizer_s = 0.125;
+  const SimResult r = simulate(plan, SimOptions{});
+  // F0 (1) -> link (0.5) -> F1 (1) -> B1 (2) -> link back (0.5) -> B0 (2), then stage 0 reduces and steps.
+  EXPECT_DOUBLE_EQ(r.pipeline_s, 7.0);
+  EXPECT_DOUBLE_EQ(r.step_s, 7.375);
+}
+
+TEST(Simulator, TraceIsChromeJson) {
+  const SimResult r = simulate(uniform_plan(2, 3, 1.0, 2.0), SimOptions{});
+  const nlohmann::json t = nlohmann::json::parse(r.trace_json);
+  int compute = 0;
+  for (const auto& e : t.at("traceEvents")) compute += e.value("cat", "") == "compute";
+  EXPECT_EQ(compute, 2 * 2 * 3);
+}
+
+}  // namespace
+}  // namespace h2
