@@ -82,9 +82,14 @@ double CostModel::optimizer_s(int chip, int dp, double params_per_device) const 
   return sharded * k_.optimizer_traffic_bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9);
 }
 
+// Mixed precision (Rajbhandari et al. 2020): bf16 weights and gradients, fp32 master and Adam moments, the last
+// sharded over the data-parallel ranks under ZeRO-1.
+double CostModel::state_bytes_per_param(int dp) const {
+  return k_.weight_bytes + k_.grad_bytes + (train_.zero1 ? k_.optimizer_bytes / dp : k_.optimizer_bytes);
+}
+
 double CostModel::layer_state_bytes(int tp, int dp) const {
-  const double per_param =
-      k_.weight_bytes + k_.grad_bytes + (train_.zero1 ? k_.optimizer_bytes / dp : k_.optimizer_bytes);
+  const double per_param = state_bytes_per_param(dp);
   return params_per_layer() / tp * per_param;
 }
 
@@ -95,14 +100,12 @@ double CostModel::layer_activation_bytes(int tp, int b, Recompute r) const {
 }
 
 double CostModel::embedding_state_bytes(int tp, int dp) const {
-  const double per_param =
-      k_.weight_bytes + k_.grad_bytes + (train_.zero1 ? k_.optimizer_bytes / dp : k_.optimizer_bytes);
+  const double per_param = state_bytes_per_param(dp);
   return static_cast<double>(embedding_params(model_)) / tp * per_param;
 }
 
 double CostModel::head_state_bytes(int tp, int dp, bool own_embedding_copy) const {
-  const double per_param =
-      k_.weight_bytes + k_.grad_bytes + (train_.zero1 ? k_.optimizer_bytes / dp : k_.optimizer_bytes);
+  const double per_param = state_bytes_per_param(dp);
   const double copy =
       own_embedding_copy && model_.tied_embeddings ? static_cast<double>(model_.vocab * model_.hidden) : 0;
   const double params = static_cast<double>(head_params(model_)) + copy;

@@ -66,6 +66,7 @@ class CostModel {
  private:
   double compute_s(int chip, double flops) const;
   double tp_allreduce_s(int chip, int tp, int b) const;  // one all-reduce of a (b, T, hidden) activation
+  double state_bytes_per_param(int dp) const;
 
   Cluster cluster_;
   TransformerShape model_;
