@@ -1,0 +1,183 @@
+// DiComm's collective algorithms, built on the communicator's blocking point-to-point steps. Each step has a
+// number so that a timeout says how far the collective got.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace h2 {
+namespace {
+
+// Reductions work on f32: bf16 data is widened first and rounded once at the end (f32 accumulation).
+void reduce_into(float* acc, const float* in, size_t n, ReduceOp op) {
+  if (op == ReduceOp::kMax) {
+    for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], in[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) acc[i] += in[i];
+  }
+}
+
+std::vector<float> widen(const void* data, size_t count, DType dtype) {
+  std::vector<float> out(count);
+  if (dtype == DType::kBF16) {
+    const auto* h = static_cast<const bf16_t*>(data);
+    for (size_t i = 0; i < count; ++i) out[i] = bf16_to_f32(h[i]);
+  } else if (count > 0) {
+    std::memcpy(out.data(), data, count * 4);
+  }
+  return out;
+}
+
+void narrow(void* data, const float* values, size_t count, DType dtype) {
+  if (dtype == DType::kBF16) {
+    auto* h = static_cast<bf16_t*>(data);
+    for (size_t i = 0; i < count; ++i) h[i] = f32_to_bf16(values[i]);
+  } else if (count > 0) {
+    std::memcpy(data, values, count * 4);
+  }
+}
+
+void check_dtype(DType dtype, const char* op) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    throw Error(ErrorCode::kInvalidArgument, cat(op, ": dtype ", dtype_name(dtype), " is not supported (f32, bf16)"));
+  }
+}
+
+// Block i of n over `count` elements starts here; block n ends at count.
+size_t block(size_t count, int n, int i) { return count * static_cast<size_t>(i) / static_cast<size_t>(n); }
+
+// Ring reduce-scatter (Patarasuk & Yuan 2009): in n - 1 steps each rank passes a block to its right neighbour
+// and adds the block arriving from its left. Afterwards rank r holds the whole sum of block (r + 1) mod n.
+void ring_reduce_scatter(Communicator& c, std::vector<float>& v, ReduceOp op, const char* name) {
+  const int n = c.size(), r = c.rank();
+  const size_t count = v.size();
+  std::vector<float> incoming(count / static_cast<size_t>(n) + 1);
+  for (int s = 0; s < n - 1; ++s) {
+    const int sb = (r - s + n) % n, rb = (r - s - 1 + n) % n;
+    const size_t s0 = block(count, n, sb), s1 = block(count, n, sb + 1);
+    const size_t r0 = block(count, n, rb), r1 = block(count, n, rb + 1);
+    c.send_recv(v.data() + s0, (s1 - s0) * 4, (r + 1) % n, incoming.data(), (r1 - r0) * 4, (r - 1 + n) % n, name, s);
+    reduce_into(v.data() + r0, incoming.data(), r1 - r0, op);
+  }
+}
+
+// Ring all-gather of the blocks left by ring_reduce_scatter: rank r starts with block (r + 1) mod n.
+void ring_all_gather(Communicator& c, std::vector<float>& v, const char* name, int step0) {
+  const int n = c.size(), r = c.rank();
+  const size_t count = v.size();
+  for (int s = 0; s < n - 1; ++s) {
+    const int sb = (r + 1 - s + n) % n, rb = (r - s + n) % n;
+    const size_t s0 = block(count, n, sb), s1 = block(count, n, sb + 1);
+    const size_t r0 = block(count, n, rb), r1 = block(count, n, rb + 1);
+    c.send_recv(v.data() + s0, (s1 - s0) * 4, (r + 1) % n, v.data() + r0, (r1 - r0) * 4, (r - 1 + n) % n, name,
+                step0 + s);
+  }
+}
+
+// Binomial tree: reduce to rank 0 in ceil(log2 n) rounds, then broadcast back the same way.
+void tree_all_reduce(Communicator& c, std::vector<float>& v, ReduceOp op) {
+  const int n = c.size(), r = c.rank();
+  std::vector<float> incoming(v.size());
+  int step = 0;
+  for (int d = 1; d < n; d <<= 1, ++step) {
+    if (r % (2 * d) == d) {
+      c.send(v.data(), v.size() * 4, r - d, "all_reduce", step);
+      break;
+    }
+    if (r % (2 * d) == 0 && r + d < n) {
+      c.recv(incoming.data(), v.size() * 4, r + d, "all_reduce", step);
+      reduce_into(v.data(), incoming.data(), v.size(), op);
+    }
+  }
+  int top = 1;
+  while (top < n) top <<= 1;
+  for (int d = top >> 1; d >= 1; d >>= 1) {
+    if (r % (2 * d) == 0 && r + d < n) c.send(v.data(), v.size() * 4, r + d, "all_reduce", 100 + d);
+    if (r % (2 * d) == d) c.recv(v.data(), v.size() * 4, r - d, "all_reduce", 100 + d);
+  }
+}
+
+}  // namespace
+
+void Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
+  check_dtype(dtype, "all_reduce");
+  next_sequence();
+  if (size() == 1 || count == 0) {
+    last_algorithm_ = "none";
+    if (op != ReduceOp::kAvg || count == 0) return;
+  }
+  std::vector<float> v = widen(data, count, dtype);
+  if (size() > 1) {
+    if (count * dtype_size(dtype) <= options_.small_message_bytes || count < static_cast<size_t>(size())) {
+      last_algorithm_ = "tree";
+      tree_all_reduce(*this, v, op);
+    } else {
+      last_algorithm_ = "ring";
+      ring_reduce_scatter(*this, v, op, "all_reduce");
+      ring_all_gather(*this, v, "all_reduce", size());
+    }
+  }
+  if (op == ReduceOp::kAvg) {
+    for (float& x : v) x /= static_cast<float>(size());
+  }
+  narrow(data, v.data(), count, dtype);
+}
+
+void Communicator::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op) {
+  check_dtype(dtype, "reduce_scatter");
+  next_sequence();
+  const int n = size();
+  // ring_reduce_scatter leaves rank r with block r + 1 complete, so shift the input by one block: block b of the
+  // input goes to position b + 1, and rank r ends with the sum of input block r.
+  std::vector<float> all = widen(in, count * static_cast<size_t>(n), dtype), v(all.size());
+  for (int b = 0; b < n; ++b) {
+    std::copy_n(all.begin() + static_cast<long>(count * static_cast<size_t>(b)), count,
+                v.begin() + static_cast<long>(count * static_cast<size_t>((b + 1) % n)));
+  }
+  if (n > 1) ring_reduce_scatter(*this, v, op, "reduce_scatter");
+  const int mine = n > 1 ? (rank() + 1) % n : 0;  // the block this rank now holds in full
+  float* result = v.data() + count * static_cast<size_t>(mine);
+  if (op == ReduceOp::kAvg) {
+    for (size_t i = 0; i < count; ++i) result[i] /= static_cast<float>(n);
+  }
+  narrow(out, result, count, dtype);
+}
+
+void Communicator::all_gather(void* out, const void* in, size_t count, DType dtype) {
+  check_dtype(dtype, "all_gather");
+  next_sequence();
+  const int n = size(), r = rank();
+  const size_t bytes = count * dtype_size(dtype);
+  auto* o = static_cast<char*>(out);
+  if (bytes > 0) std::memcpy(o + bytes * static_cast<size_t>(r), in, bytes);
+  // Ring: in step s, pass on the block that arrived in step s - 1.
+  for (int s = 0; s < n - 1; ++s) {
+    const int sb = (r - s + n) % n, rb = (r - s - 1 + n) % n;
+    send_recv(o + bytes * static_cast<size_t>(sb), bytes, (r + 1) % n, o + bytes * static_cast<size_t>(rb), bytes,
+              (r - 1 + n) % n, "all_gather", s);
+  }
+}
+
+void Communicator::broadcast(void* data, size_t count, DType dtype, int root) {
+  if (root < 0 || root >= size()) {
+    throw Error(ErrorCode::kInvalidArgument, cat("broadcast: root ", root, " is not in the group of ", size()));
+  }
+  next_sequence();
+  const int n = size();
+  const int vr = (rank() - root + n) % n;  // ranks renumbered so the root is 0
+  const size_t bytes = count * dtype_size(dtype);
+  int top = 1;
+  while (top < n) top <<= 1;
+  for (int d = top >> 1; d >= 1; d >>= 1) {
+    if (vr % (2 * d) == 0 && vr + d < n) send(data, bytes, (vr + d + root) % n, "broadcast", d);
+    if (vr % (2 * d) == d) recv(data, bytes, (vr - d + root) % n, "broadcast", d);
+  }
+}
+
+void Communicator::barrier() {
+  float token = 0;
+  all_reduce(&token, 1, DType::kF32, ReduceOp::kSum);
+}
+
+}  // namespace h2

@@ -1,0 +1,100 @@
+// Communicator: groups, tags, blocking steps with timeouts, and split().
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace h2 {
+
+// Tags: the group (16 bits), the collective's sequence number (32 bits) and the step within it (16 bits).
+// User point-to-point tags use sequence 0 with the tag in the step and sequence fields' place.
+uint64_t Communicator::tag(uint64_t sequence, int step) const {
+  return (group_id_ << 48) | ((sequence & 0xffffffffull) << 16) | (static_cast<uint64_t>(step) & 0xffff);
+}
+
+Communicator::Communicator(std::shared_ptr<Transport> transport, CommOptions options)
+    : transport_(std::move(transport)), options_(options) {
+  for (int r = 0; r < transport_->size(); ++r) members_.push_back(r);
+  rank_ = transport_->rank();
+}
+
+Communicator::Communicator(std::shared_ptr<Transport> transport, std::vector<int> members, uint64_t group_id,
+                           CommOptions options)
+    : transport_(std::move(transport)), members_(std::move(members)), group_id_(group_id), options_(options) {
+  rank_ = static_cast<int>(std::find(members_.begin(), members_.end(), transport_->rank()) - members_.begin());
+}
+
+void Communicator::wait(Request& request, const char* op, int peer, int step) {
+  try {
+    request.wait(options_.timeout);
+  } catch (const CommError& e) {
+    throw CommError(
+        cat(op, " (rank ", rank_, " of ", size(), ", step ", step, ") waiting for rank ", peer, ": ", e.what()));
+  }
+}
+
+void Communicator::send(const void* data, size_t bytes, int peer, const char* op, int step) {
+  auto r = transport_->isend(members_[static_cast<size_t>(peer)], tag(sequence_, step), data, bytes);
+  wait(*r, op, peer, step);
+}
+
+void Communicator::recv(void* data, size_t bytes, int peer, const char* op, int step) {
+  auto r = transport_->irecv(members_[static_cast<size_t>(peer)], tag(sequence_, step), data, bytes);
+  wait(*r, op, peer, step);
+}
+
+void Communicator::send_recv(const void* send_data, size_t send_bytes, int to, void* recv_data, size_t recv_bytes,
+                             int from, const char* op, int step) {
+  auto s = transport_->isend(members_[static_cast<size_t>(to)], tag(sequence_, step), send_data, send_bytes);
+  auto r = transport_->irecv(members_[static_cast<size_t>(from)], tag(sequence_, step), recv_data, recv_bytes);
+  wait(*r, op, from, step);
+  wait(*s, op, to, step);
+}
+
+std::unique_ptr<Request> Communicator::isend(const void* data, size_t bytes, int peer, uint32_t user_tag) {
+  if (peer < 0 || peer >= size())
+    throw Error(ErrorCode::kInvalidArgument, cat("send: peer ", peer, " is not in the group of ", size()));
+  return transport_->isend(members_[static_cast<size_t>(peer)], (group_id_ << 48) | (uint64_t{user_tag} << 16) | 0xffff,
+                           data, bytes);
+}
+
+std::unique_ptr<Request> Communicator::irecv(void* data, size_t bytes, int peer, uint32_t user_tag) {
+  if (peer < 0 || peer >= size())
+    throw Error(ErrorCode::kInvalidArgument, cat("recv: peer ", peer, " is not in the group of ", size()));
+  return transport_->irecv(members_[static_cast<size_t>(peer)], (group_id_ << 48) | (uint64_t{user_tag} << 16) | 0xffff,
+                           data, bytes);
+}
+
+// Every rank learns every rank's (colour, key) with an all-gather, then builds its group alone; all members of
+// a group compute the same member list and the same group id.
+Communicator Communicator::split(int color, int key) const {
+  Communicator& self = const_cast<Communicator&>(*this);  // split is collective: it advances the sequence
+  std::vector<int32_t> mine = {color, key}, all(static_cast<size_t>(2 * size()));
+  all[static_cast<size_t>(2 * rank_)] = color;
+  all[static_cast<size_t>(2 * rank_ + 1)] = key;
+  self.next_sequence();
+  // Everyone sends its pair to everyone: split is rare and its messages are 8 bytes.
+  std::vector<std::pair<int, std::unique_ptr<Request>>> sends;
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank_)
+      sends.push_back(
+          {peer, transport_->isend(members_[static_cast<size_t>(peer)], tag(sequence_, 0), mine.data(), 8)});
+  }
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank_) self.recv(all.data() + 2 * peer, 8, peer, "split", 0);
+  }
+  for (auto& [peer, request] : sends) self.wait(*request, "split", peer, 0);
+  std::vector<std::pair<int, int>> group;  // (key, rank) of my colour
+  for (int r = 0; r < size(); ++r) {
+    if (all[static_cast<size_t>(2 * r)] == color) group.push_back({all[static_cast<size_t>(2 * r + 1)], r});
+  }
+  std::sort(group.begin(), group.end());
+  std::vector<int> members;
+  for (const auto& [k, r] : group) members.push_back(members_[static_cast<size_t>(r)]);
+  // The group id: a hash of the parent's id, the split's sequence number and the colour, in 16 bits.
+  uint64_t id = group_id_ * 1000003u + sequence_ * 7919u + static_cast<uint64_t>(static_cast<uint32_t>(color)) + 1;
+  id = (id ^ (id >> 16) ^ (id >> 32)) & 0xffff;
+  return Communicator(transport_, members, id, options_);
+}
+
+}  // namespace h2

@@ -1,0 +1,80 @@
+// DiComm's communicator (DESIGN.md, "comm"): rank and size within a group, sub-groups by colour and key,
+// asynchronous tagged point-to-point, and collectives built from point-to-point over any transport.
+// Every blocking wait has a timeout; its CommError names the operation and the peer it waited for.
+//
+// Algorithms (comm/algorithms.cc) see only the communicator: ring reduce-scatter + all-gather for large
+// all-reduces (bandwidth-optimal: each rank sends 2 (n-1)/n of the data), binomial-tree reduce + broadcast for
+// small ones (latency: 2 log2 n steps), chosen by size. bf16 reductions accumulate in f32: the data is widened,
+// reduced and rounded once at the end.
+// Deliberately not here yet: the UCX transport, the TCP rendezvous store and the launcher (see README).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/transport/transport.h"
+#include "core/dtype.h"
+
+namespace h2 {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+struct CommOptions {
+  std::chrono::milliseconds timeout{30000};  // every blocking wait
+  size_t small_message_bytes = 64 << 10;     // all-reduces up to this size use the tree, larger the ring
+};
+
+class Communicator {
+ public:
+  // The whole job: every rank of the transport.
+  Communicator(std::shared_ptr<Transport> transport, CommOptions options = {});
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  const CommOptions& options() const { return options_; }
+
+  // Collective over this group: ranks with the same colour form a sub-group, ordered by key then rank.
+  Communicator split(int color, int key) const;
+
+  // Point-to-point within the group; user tags must be below 2^32.
+  std::unique_ptr<Request> isend(const void* data, size_t bytes, int peer, uint32_t tag);
+  std::unique_ptr<Request> irecv(void* data, size_t bytes, int peer, uint32_t tag);
+
+  // Collectives (every rank of the group calls them in the same order). Counts are elements of `dtype`
+  // (f32 or bf16). all_reduce works in place.
+  void all_reduce(void* data, size_t count, DType dtype, ReduceOp op);
+  // in: size() x count elements; out: this rank's reduced block of count elements.
+  void reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op);
+  // in: count elements; out: size() x count elements, rank r's block at r x count.
+  void all_gather(void* out, const void* in, size_t count, DType dtype);
+  void broadcast(void* data, size_t count, DType dtype, int root);
+  void barrier();
+
+  // The algorithm the last all_reduce used ("ring", "tree", "none"), for benchmarks and tests.
+  const char* last_algorithm() const { return last_algorithm_; }
+
+  // --- for algorithms: a blocking step with this communicator's timeout and a named operation ---
+  void send_recv(const void* send_data, size_t send_bytes, int to, void* recv_data, size_t recv_bytes, int from,
+                 const char* op, int step);
+  void send(const void* data, size_t bytes, int peer, const char* op, int step);
+  void recv(void* data, size_t bytes, int peer, const char* op, int step);
+  uint64_t next_sequence() { return ++sequence_; }
+
+ private:
+  Communicator(std::shared_ptr<Transport> transport, std::vector<int> members, uint64_t group_id, CommOptions options);
+  uint64_t tag(uint64_t sequence, int step) const;
+  void wait(Request& request, const char* op, int peer, int step);
+
+  std::shared_ptr<Transport> transport_;
+  std::vector<int> members_;  // transport ranks of this group's ranks
+  int rank_ = 0;
+  uint64_t group_id_ = 0;
+  CommOptions options_;
+  uint64_t sequence_ = 0;  // collective calls so far: keeps their messages apart
+  const char* last_algorithm_ = "none";
+};
+
+}  // namespace h2

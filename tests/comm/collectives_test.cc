@@ -1,0 +1,164 @@
+// DiComm over the in-process transport: every collective, world sizes 1-8, element counts 0, 1, odd and large,
+// against exact expected values (small integers, exactly representable in f32 and bf16), plus sub-groups,
+// timeouts that name the peer, and algorithm choice by size.
+#include <functional>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "comm/transport/inproc/transport.h"
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Runs fn(comm) on `n` ranks as threads; returns each rank's error message ("" when it succeeded).
+std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& fn, CommOptions options = {}) {
+  auto transports = make_inproc_transports(n);
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        Communicator c(transports[static_cast<size_t>(r)], options);
+        fn(c);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+float value(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1)); }
+
+const size_t kCounts[] = {0, 1, 1001, 1 << 16};
+
+TEST(Collectives, AllReduceSumAvgMaxF32AndBf16) {
+  for (int n = 1; n <= 8; ++n) {
+    for (size_t count : kCounts) {
+      const auto errors = run_ranks(n, [&](Communicator& c) {
+        std::vector<float> sum(count), avg(count), max(count);
+        std::vector<bf16_t> half(count);
+        for (size_t i = 0; i < count; ++i) {
+          sum[i] = avg[i] = max[i] = value(c.rank(), i);
+          half[i] = f32_to_bf16(value(c.rank(), i));
+        }
+        c.all_reduce(sum.data(), count, DType::kF32, ReduceOp::kSum);
+        c.all_reduce(avg.data(), count, DType::kF32, ReduceOp::kAvg);
+        c.all_reduce(max.data(), count, DType::kF32, ReduceOp::kMax);
+        c.all_reduce(half.data(), count, DType::kBF16, ReduceOp::kSum);
+        const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+        for (size_t i = 0; i < count; ++i) {
+          const float unit = static_cast<float>(i % 7 + 1);
+          ASSERT_EQ(sum[i], ranks_sum * unit) << "n=" << n << " count=" << count << " i=" << i;
+          ASSERT_FLOAT_EQ(avg[i], ranks_sum * unit / static_cast<float>(n));
+          ASSERT_EQ(max[i], static_cast<float>(n) * unit);
+          ASSERT_EQ(bf16_to_f32(half[i]), ranks_sum * unit);
+        }
+      });
+      for (const std::string& e : errors) ASSERT_EQ(e, "") << "n=" << n << " count=" << count;
+    }
+  }
+}
+
+TEST(Collectives, ReduceScatterAllGatherBroadcastBarrier) {
+  for (int n = 1; n <= 8; ++n) {
+    for (size_t count : kCounts) {
+      const auto errors = run_ranks(n, [&](Communicator& c) {
+        // reduce_scatter: rank r's block is the sum over ranks of block r.
+        std::vector<float> in(count * static_cast<size_t>(n)), out(count);
+        for (size_t i = 0; i < in.size(); ++i) in[i] = value(c.rank(), i);
+        c.reduce_scatter(out.data(), in.data(), count, DType::kF32, ReduceOp::kSum);
+        for (size_t i = 0; i < count; ++i) {
+          const size_t global = static_cast<size_t>(c.rank()) * count + i;
+          ASSERT_EQ(out[i], static_cast<float>(n * (n + 1) / 2) * static_cast<float>(global % 7 + 1));
+        }
+        // all_gather: block r is rank r's input.
+        std::vector<float> mine(count), all(count * static_cast<size_t>(n));
+        for (size_t i = 0; i < count; ++i) mine[i] = value(c.rank(), i);
+        c.all_gather(all.data(), mine.data(), count, DType::kF32);
+        for (int r = 0; r < n; ++r) {
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[static_cast<size_t>(r) * count + i], value(r, i));
+        }
+        // broadcast from the last rank.
+        std::vector<float> b(count, c.rank() == n - 1 ? 3.0f : -1.0f);
+        c.broadcast(b.data(), count, DType::kF32, n - 1);
+        for (float x : b) ASSERT_EQ(x, 3.0f);
+        c.barrier();
+      });
+      for (const std::string& e : errors) ASSERT_EQ(e, "") << "n=" << n << " count=" << count;
+    }
+  }
+}
+
+TEST(Collectives, SplitFormsIndependentGroups) {
+  const auto errors = run_ranks(6, [](Communicator& c) {
+    Communicator sub = c.split(c.rank() % 2, -c.rank());  // evens and odds, in reverse rank order
+    ASSERT_EQ(sub.size(), 3);
+    ASSERT_EQ(sub.rank(), 2 - c.rank() / 2);
+    float x = static_cast<float>(c.rank());
+    sub.all_reduce(&x, 1, DType::kF32, ReduceOp::kSum);
+    ASSERT_EQ(x, c.rank() % 2 == 0 ? 0 + 2 + 4 : 1 + 3 + 5);
+    float y = 1;  // the parent still works after the split
+    c.all_reduce(&y, 1, DType::kF32, ReduceOp::kSum);
+    ASSERT_EQ(y, 6);
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(Collectives, ChoosesTheAlgorithmBySize) {
+  run_ranks(4, [](Communicator& c) {
+    std::vector<float> small(16, 1), large(1 << 15, 1);
+    c.all_reduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum);
+    EXPECT_STREQ(c.last_algorithm(), "tree");
+    c.all_reduce(large.data(), large.size(), DType::kF32, ReduceOp::kSum);
+    EXPECT_STREQ(c.last_algorithm(), "ring");
+  });
+}
+
+TEST(Collectives, AMissingRankTimesOutNamingIt) {
+  CommOptions options;
+  options.timeout = std::chrono::milliseconds(200);
+  const auto errors = run_ranks(
+      3,
+      [](Communicator& c) {
+        if (c.rank() == 2) return;  // rank 2 never joins
+        float x = 1;
+        c.all_reduce(&x, 1, DType::kF32, ReduceOp::kSum);
+      },
+      options);
+  EXPECT_EQ(errors[2], "");
+  EXPECT_THAT(errors[0] + errors[1], HasSubstr("waiting for rank"));
+  EXPECT_THAT(errors[0] + errors[1], HasSubstr("timed out after 200 ms"));
+  EXPECT_THAT(errors[0], HasSubstr("all_reduce"));
+}
+
+TEST(PointToPoint, TaggedMessagesMatchByTag) {
+  const auto errors = run_ranks(2, [](Communicator& c) {
+    if (c.rank() == 0) {
+      const int a = 7, b = 9;
+      auto s1 = c.isend(&a, 4, 1, 1);
+      auto s2 = c.isend(&b, 4, 1, 2);
+      s1->wait(std::chrono::seconds(5));
+      s2->wait(std::chrono::seconds(5));
+    } else {
+      int a = 0, b = 0;
+      auto r2 = c.irecv(&b, 4, 0, 2);  // posted in the other order: tags keep them apart
+      auto r1 = c.irecv(&a, 4, 0, 1);
+      r2->wait(std::chrono::seconds(5));
+      r1->wait(std::chrono::seconds(5));
+      ASSERT_EQ(a, 7);
+      ASSERT_EQ(b, 9);
+      int wrong = 0;
+      auto bad = c.irecv(&wrong, 8, 0, 3);  // nobody sends tag 3
+      EXPECT_THROW(bad->wait(std::chrono::milliseconds(50)), CommError);
+    }
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+}  // namespace
+}  // namespace h2
