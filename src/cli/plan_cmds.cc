@@ -63,7 +63,7 @@ void register_plan(CLI::App& app, Command& selected) {
     std::string cluster = "examples/cluster_hetero1024.yaml", model = "examples/model_100b.yaml",
                 train = "examples/train_100b.yaml", out;
     bool compare = false;
-    double budget = 10;
+    double budget = 5;
     int threads = 0;
   };
   auto o = std::make_shared<PlanCmd>();

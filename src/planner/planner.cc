@@ -370,17 +370,19 @@ struct TypeOption {
 };
 
 // What a chip type may contribute to a layout: (TP, number of stages) pairs, finer per tier.
-//   exhaustive: every TP and every stage count; coarse: the two smallest TPs at which a layer fits, and stage
-//   counts 1, 2 and a quarter, half, three quarters and all of what the devices allow; greedy: the smallest
-//   TP that fits, and half or all of the devices. Every tier may also leave the type out.
+//   exhaustive: every TP and every stage count; coarse: the smallest and the largest TP at which a layer fits,
+//   and stage counts 1, 2 and a quarter, half, three quarters and all of what the devices allow; greedy: the
+//   largest TP, and half or all of the devices. Every tier may also leave the type out.
 std::vector<TypeOption> type_options(const CostModel& c, int chip, int dp, int b, const std::string& tier) {
   std::vector<int> fitting;
   for (int t : tp_options(c, chip)) {
     const double one_layer = c.layer_state_bytes(t, dp) + c.layer_activation_bytes(t, b, Recompute::kFull);
     if (one_layer < c.usable_bytes(chip)) fitting.push_back(t);
   }
-  const size_t keep = tier == "exhaustive" ? fitting.size() : tier == "coarse" ? 2 : 1;
-  if (fitting.size() > keep) fitting.resize(keep);
+  // Below exhaustive, the extremes: the smallest TP that fits (the most stages, the least TP communication)
+  // and the largest (the fewest stages, which keeps a type with many devices from deepening the pipeline).
+  if (tier != "exhaustive" && fitting.size() > 2) fitting = {fitting.front(), fitting.back()};
+  if (tier == "greedy" && fitting.size() > 1) fitting = {fitting.back()};
   std::vector<TypeOption> out = {{1, 0}};
   for (int t : fitting) {
     const int max = static_cast<int>(std::min<int64_t>(c.cluster().devices_of(chip) / (dp * t), c.model().layers));
@@ -600,25 +602,24 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
                 cat("no micro-batch size in train.micro_batches divides the global batch ", G, "; add 1 to the list"));
   }
   // Anytime search: the greedy tier first (fast, and its best plan prunes the finer tiers by the lower
-  // bound), then coarse, then exhaustive, each only if its size fits the remaining budget at the rate the
-  // previous tiers ran at.
+  // bound), then the coarse tier, which stops at the time budget if it must; the exhaustive tier only when
+  // its space is small enough to finish (up to kExhaustiveLayouts layouts).
+  constexpr double kExhaustiveLayouts = 2e6;
   const unsigned threads =
       options.threads > 0 ? static_cast<unsigned>(options.threads) : std::max(1u, std::thread::hardware_concurrency());
-  double rate = 5e4 * threads;  // layouts per second, until measured
   for (const char* tier : {"greedy", "coarse", "exhaustive"}) {
-    double count = 0;
-    for (const auto& [dp, b] : pairs) {
-      double combos = 1;
-      for (int chip : search.chips) combos *= static_cast<double>(type_options(c, chip, dp, b, tier).size());
-      count += combos * (std::string(tier) == "exhaustive" ? std::tgamma(search.chips.size() + 1.0) : 2.0);
-    }
-    const double remaining = search.deadline - now_s();
-    if (std::string(tier) != "greedy" && count > rate * remaining) break;
     if (std::string(tier) == "coarse" && options.finest_tier == "greedy") break;
-    if (std::string(tier) == "exhaustive" && options.finest_tier != "exhaustive") break;
+    if (std::string(tier) == "exhaustive") {
+      if (options.finest_tier != "exhaustive") break;
+      double count = 0;
+      for (const auto& [dp, b] : pairs) {
+        double combos = 1;
+        for (int chip : search.chips) combos *= static_cast<double>(type_options(c, chip, dp, b, tier).size());
+        count += combos * std::tgamma(search.chips.size() + 1.0);
+      }
+      if (count > kExhaustiveLayouts) break;
+    }
     search.tier = tier;
-    const double tier_start = now_s();
-    const int64_t before = search.layouts;
     std::atomic<size_t> next{0};
     std::vector<std::thread> pool;
     for (unsigned t = 0; t < threads; ++t) {
@@ -629,8 +630,6 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     }
     for (std::thread& t : pool) t.join();
     if (search.out_of_time) break;
-    const double spent = now_s() - tier_start;
-    if (spent > 1e-3) rate = static_cast<double>(search.layouts - before) / spent;
   }
   search.refine();
   if (stats != nullptr) {

@@ -5,8 +5,9 @@
 // and for each chip type its TP degree and its number of stages, with the chip types in some order along the
 // pipeline. Layouts that cannot hold the model even with full recomputation are dropped before costing, and so
 // are layouts whose lower bound (all work at the used devices' full rate) is no better than the best plan so
-// far. How finely stage counts and orders are enumerated is chosen from the size of the space so that the
-// search fits its time budget (the "tier", reported); small clusters are enumerated completely.
+// far. The enumeration is anytime, in tiers of growing fineness (the "tier", reported): greedy, then coarse
+// (cut off by the time budget if it must), then exhaustive when its space is small enough to finish — so
+// small clusters are enumerated completely.
 // Stage 2 splits the layers over a layout's stages: a binary search on the slowest stage's time, where each
 // stage takes as many layers as its memory allows under its best recomputation choice — the exact minimum of
 // the slowest stage — then the plan is scored with the 1F1B pipeline formula (cost_model.h).
@@ -24,7 +25,7 @@
 namespace h2 {
 
 struct PlannerOptions {
-  double time_budget_s = 10.0;             // stop enumerating after this long and return the best plan found
+  double time_budget_s = 5.0;              // stop enumerating after this long and return the best plan found
   int threads = 0;                         // 0: one per core
   std::string finest_tier = "exhaustive";  // stop after this tier: "greedy", "coarse" or "exhaustive"
 };
