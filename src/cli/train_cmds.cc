@@ -1,7 +1,9 @@
 // `h2 data prepare`, `h2 train` and `h2 sample`: the single-device GPT workflow.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -21,6 +23,10 @@
 namespace h2::cli {
 namespace fs = std::filesystem;
 namespace {
+
+// Set by SIGINT/SIGTERM while `h2 train` runs: the trainer finishes its step, checkpoints and returns.
+std::atomic<bool> g_stop{false};
+extern "C" void request_stop(int) { g_stop = true; }
 
 constexpr const char* kDefaultEncoder = "data/gpt2/encoder.json";
 constexpr const char* kDefaultVocab = "data/gpt2/vocab.bpe";
@@ -153,8 +159,15 @@ void register_train(CLI::App& app, Command& selected) {
       ConfigNode root = ConfigNode::load_file(to->config);
       for (const std::string& o : to->overrides) root.apply_override(o);
       const TrainConfig config = TrainConfig::from_config(root);
-      const TrainResult r =
-          train(config, TrainOptions{.resume = to->resume, .resume_from = to->resume_from, .quiet = to->quiet});
+      std::signal(SIGINT, request_stop);
+      std::signal(SIGTERM, request_stop);
+      const TrainResult r = train(
+          config,
+          TrainOptions{
+              .resume = to->resume, .resume_from = to->resume_from, .quiet = to->quiet, .stop_requested = &g_stop});
+      std::signal(SIGINT, SIG_DFL);
+      std::signal(SIGTERM, SIG_DFL);
+      if (r.interrupted) return 130;  // the shell's convention for a run ended by SIGINT
       std::printf("done: %lld steps, last loss %.4f", static_cast<long long>(r.steps_done), r.last_loss);
       if (r.val_loss >= 0) std::printf(", val loss %.4f", r.val_loss);
       std::printf(", %.0f tokens/s; metrics and checkpoints in %s\n", r.tokens_per_second, config.out_dir.c_str());

@@ -267,7 +267,14 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
       if (!options.quiet) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step), result.val_loss);
     }
     metrics.flush();
-    if ((c.checkpoint_every > 0 && step % c.checkpoint_every == 0) || last) checkpoint();
+    const bool stop = options.stop_requested != nullptr && options.stop_requested->load();
+    if ((c.checkpoint_every > 0 && step % c.checkpoint_every == 0) || last || stop) checkpoint();
+    if (stop && !last) {
+      log_warn("interrupted after step ", step, " of ", c.steps, "; checkpoint saved in ", checkpoint_dir,
+               ". Continue with --resume");
+      result.interrupted = true;
+      break;
+    }
   }
   result.steps_done = step;
   result.tokens_per_second = tokens_per_step * static_cast<double>(step - first_step) / (now_seconds() - t_start);

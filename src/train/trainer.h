@@ -7,6 +7,7 @@
 // loss curve, bit for bit, on the same backend with the same thread count.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -58,6 +59,7 @@ struct TrainResult {
   float val_loss = -1.0f;  // -1 when not evaluated
   double tokens_per_second = 0.0;
   std::vector<float> losses;  // per step run in this call
+  bool interrupted = false;   // stopped early by stop_requested, after checkpointing
 };
 
 struct TrainOptions {
@@ -65,6 +67,9 @@ struct TrainOptions {
   std::string resume_from;                          // or from this checkpoint folder
   bool quiet = false;                               // no progress lines
   std::function<void(const StepMetrics&)> on_step;  // called after every step (tests, tools)
+  // Checked after every step: when it becomes true the run saves a checkpoint and returns (the CLI sets it on
+  // SIGINT/SIGTERM, so an interrupted run loses at most the step in progress).
+  const std::atomic<bool>* stop_requested = nullptr;
 };
 
 TrainResult train(const TrainConfig& config, const TrainOptions& options);

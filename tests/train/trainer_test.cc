@@ -82,6 +82,20 @@ TEST(Trainer, ResumeContinuesTheIdenticalCurve) {
   }
 }
 
+TEST(Trainer, AStopRequestCheckpointsAndResumes) {
+  TrainConfig c = tiny_config("stop", "cpu");
+  c.steps = 8;
+  std::atomic<bool> stop{false};
+  const TrainResult first =
+      train(c, {.quiet = true, .on_step = [&](const StepMetrics& m) { stop = m.step == 3; }, .stop_requested = &stop});
+  EXPECT_TRUE(first.interrupted);
+  EXPECT_EQ(first.steps_done, 3);
+  EXPECT_TRUE(latest_checkpoint(c.out_dir + "/checkpoints").ends_with("step_000003"));
+  const TrainResult rest = train(c, {.resume = true, .quiet = true});
+  EXPECT_FALSE(rest.interrupted);
+  EXPECT_EQ(rest.losses.size(), 5u);
+}
+
 TEST(Checkpoint, SaveLoadRoundTripInHuggingFaceLayout) {
   TrainConfig c = tiny_config("ckpt_roundtrip", "cpu");
   c.steps = 2;
