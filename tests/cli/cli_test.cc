@@ -31,7 +31,7 @@ Result run_h2(const std::string& args) {
 }
 
 std::string temp_file(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + name;
+  const std::string path = testing_util::temp_path(name);
   std::ofstream(path) << text;
   return path;
 }
@@ -98,13 +98,13 @@ TEST(Cli, DevicesListsBackendsAndChips) {
 
 TEST(CliPlan, PlanSimulateAndBadInput) {
   const std::string ex = std::string(H2_SOURCE_DIR) + "/examples/";
-  const std::string plan = ::testing::TempDir() + "h2_cli_plan.json";
+  const std::string plan = testing_util::temp_path("cli_plan.json");
   const Result p = run_h2("plan --cluster " + ex + "cluster_local.yaml --model " + ex + "model_small.yaml --train " +
                           ex + "train_small.yaml --compare --out " + plan);
   ASSERT_EQ(p.status, 0) << p.output;
   EXPECT_THAT(p.output, HasSubstr("heterogeneous speed-up ratio"));
   EXPECT_THAT(p.output, HasSubstr("uniform layer split"));
-  const Result s = run_h2("simulate " + plan + " --trace " + ::testing::TempDir() + "h2_cli_trace.json");
+  const Result s = run_h2("simulate " + plan + " --trace " + testing_util::temp_path("cli_trace.json"));
   EXPECT_EQ(s.status, 0) << s.output;
   EXPECT_THAT(s.output, HasSubstr("simulated 1f1b"));
   const std::string bad = temp_file("h2_cli_cluster.yaml",

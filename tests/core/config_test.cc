@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "model/test_data.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -60,7 +61,7 @@ TEST(Config, MissingFileIsAnIoError) {
 }
 
 TEST(Config, LoadsFromFile) {
-  const std::string path = ::testing::TempDir() + "h2_config_test.yaml";
+  const std::string path = testing_util::temp_path("config_test.yaml");
   std::ofstream(path) << "x: 5\n";
   EXPECT_EQ(ConfigNode::load_file(path).get<int64_t>("x"), 5);
   std::remove(path.c_str());

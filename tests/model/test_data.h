@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,9 +15,15 @@
 
 namespace h2::testing_util {
 
-// A fresh empty folder under the test temp dir.
+// A path under the test temp dir that no other test process uses: tests run in parallel (ctest -j), and
+// several checkouts may test on one machine at once.
+inline std::string temp_path(const std::string& name) {
+  return (std::filesystem::path(::testing::TempDir()) / ("h2_" + std::to_string(getpid()) + "_" + name)).string();
+}
+
+// A fresh empty folder under the test temp dir, private to this process.
 inline std::string temp_dir(const std::string& name) {
-  const std::filesystem::path p = std::filesystem::path(::testing::TempDir()) / ("h2_" + name);
+  const std::filesystem::path p = temp_path(name);
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p.string();
