@@ -16,5 +16,7 @@ void register_devices(CLI::App& app, Command& selected);
 void register_train(CLI::App& app, Command& selected);
 // `h2 plan`, `h2 simulate`.
 void register_plan(CLI::App& app, Command& selected);
+// `h2 launch`.
+void register_launch(CLI::App& app, Command& selected);
 
 }  // namespace h2::cli

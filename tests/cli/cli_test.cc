@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -117,6 +118,36 @@ TEST(CliPlan, PlanSimulateAndBadInput) {
   EXPECT_THAT(e.output, HasSubstr("field 'groups[0].chip': unknown chip type 'B'"));
   EXPECT_EQ(run_h2("simulate " + plan + " --schedule zigzag").status, 1);
   EXPECT_THAT(run_h2("simulate /nonexistent/plan.json").output, HasSubstr("/nonexistent/plan.json: cannot open"));
+}
+
+TEST(CliLaunch, SetsTheRendezvousVariables) {
+  const Result r = run_h2(
+      "launch -n 3 -- sh -c 'echo rank=$H2_RANK/$H2_WORLD_SIZE port=${H2_MASTER_PORT:+set} "
+      "token=${#H2_JOB_TOKEN}'");
+  EXPECT_EQ(r.status, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) EXPECT_THAT(r.output, HasSubstr(cat("rank=", rank, "/3 port=set token=32")));
+}
+
+TEST(CliLaunch, AFailedRankStopsTheOthersAndIsNamed) {
+  const std::string dir = testing_util::temp_dir("launch");
+  // Ranks 0 and 2 install a SIGTERM trap, say they are ready and wait; rank 1 fails once they are ready. The
+  // traps record that the launcher told them to stop. Every loop is bounded.
+  std::ofstream(dir + "/rank.sh") << "d=" << dir << "\n"
+                                  << "trap 'touch $d/stopped_$H2_RANK; exit 143' TERM\n"
+                                     "if [ $H2_RANK = 1 ]; then\n"
+                                     "  for i in $(seq 200); do\n"
+                                     "    [ -e $d/ready_0 ] && [ -e $d/ready_2 ] && exit 3\n"
+                                     "    sleep 0.05\n"
+                                     "  done\n"
+                                     "  exit 3\n"
+                                     "fi\n"
+                                     "touch $d/ready_$H2_RANK\n"
+                                     "for i in $(seq 300); do sleep 0.1; done\n";
+  const Result r = run_h2("launch -n 3 --grace 5 -- sh " + dir + "/rank.sh");
+  EXPECT_EQ(r.status, 3) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("h2 launch: rank 1 exited with status 3; stopping the other 2 rank(s)"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/stopped_0"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/stopped_2"));
 }
 
 // The single-device workflow end to end on a tiny tokenizer and corpus: prepare, train, resume, sample.

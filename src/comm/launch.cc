@@ -1,0 +1,144 @@
+// The local launcher: fork/exec the ranks, watch them, stop them together.
+#include "comm/launch.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "core/error.h"
+
+namespace h2 {
+namespace {
+
+std::atomic<int> g_forward_signal{0};
+extern "C" void remember_signal(int sig) { g_forward_signal = sig; }
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return 29500;
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// 128 random bits as hex: the job token every rank must present to the rendezvous store.
+std::string random_token() {
+  unsigned char bytes[16] = {};
+  std::ifstream("/dev/urandom", std::ios::binary).read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  std::string hex;
+  char buf[3];
+  for (unsigned char b : bytes) {
+    std::snprintf(buf, sizeof(buf), "%02x", b);
+    hex += buf;
+  }
+  return hex;
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return cat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return cat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  return "ended";
+}
+
+int code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+LaunchResult launch(const std::vector<std::string>& command, const LaunchOptions& options) {
+  if (command.empty()) throw Error(ErrorCode::kInvalidArgument, "launch: no command given (h2 launch -n N -- CMD ...)");
+  if (options.ranks < 1) throw Error(ErrorCode::kInvalidArgument, cat("launch: -n must be >= 1, got ", options.ranks));
+  const int port = options.master_port > 0 ? options.master_port : free_port();
+  const std::string token = random_token();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < options.ranks; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw Error(ErrorCode::kIo, cat("launch: cannot start rank ", r, ": ", std::strerror(errno)));
+    if (pid == 0) {
+      ::setenv("H2_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("H2_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
+      ::setenv("H2_MASTER_ADDR", options.master_addr.c_str(), 1);
+      ::setenv("H2_MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("H2_JOB_TOKEN", token.c_str(), 1);
+      std::vector<char*> argv;
+      for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "h2 launch: rank %d: cannot run %s: %s\n", r, argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  struct sigaction sa {
+  }, old_int{}, old_term{};
+  sa.sa_handler = remember_signal;
+  ::sigaction(SIGINT, &sa, &old_int);
+  ::sigaction(SIGTERM, &sa, &old_term);
+
+  LaunchResult result;
+  int alive = options.ranks;
+  std::chrono::steady_clock::time_point kill_at{};
+  bool stopping = false;
+  const auto grace = std::chrono::milliseconds(static_cast<int64_t>(options.grace_seconds * 1000));
+  auto begin_stopping = [&] {
+    if (stopping) return;
+    stopping = true;
+    kill_at = std::chrono::steady_clock::now() + grace;
+  };
+  auto stop_all = [&](int sig) {
+    for (pid_t p : pids) {
+      if (p > 0) ::kill(p, sig);
+    }
+  };
+  while (alive > 0) {
+    if (const int sig = g_forward_signal.exchange(0); sig != 0) {
+      stop_all(sig);  // the user's Ctrl-C reaches every rank (each checkpoints and exits)
+      begin_stopping();
+    }
+    int status = 0;
+    const pid_t done = ::waitpid(-1, &status, WNOHANG);
+    if (done > 0) {
+      for (int r = 0; r < options.ranks; ++r) {
+        if (pids[static_cast<size_t>(r)] != done) continue;
+        pids[static_cast<size_t>(r)] = -1;
+        --alive;
+        if (code_of(status) != 0 && result.failed_rank < 0) {
+          result.failed_rank = r;
+          result.exit_code = code_of(status);
+          result.message = cat("rank ", r, " ", describe(status), "; stopping the other ", alive, " rank(s)");
+          std::fprintf(stderr, "h2 launch: %s\n", result.message.c_str());
+          stop_all(SIGTERM);
+          begin_stopping();
+        }
+      }
+      continue;
+    }
+    if (stopping && std::chrono::steady_clock::now() > kill_at) stop_all(SIGKILL);  // the grace period is over
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  return result;
+}
+
+}  // namespace h2

@@ -1,0 +1,334 @@
+// The rendezvous store's server loop, client and the launcher-environment reader.
+#include "comm/store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace h2 {
+namespace {
+
+void put_u32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
+
+std::string frame(char op, const std::vector<std::string>& fields) {
+  std::string body(1, op);
+  for (const std::string& f : fields) {
+    put_u32(body, static_cast<uint32_t>(f.size()));
+    body += f;
+  }
+  std::string out;
+  put_u32(out, static_cast<uint32_t>(body.size()));
+  return out + body;
+}
+
+// Reads the length-prefixed strings after the op byte; false when the frame is malformed.
+bool parse_fields(const std::string& body, std::vector<std::string>& fields, size_t expected) {
+  size_t pos = 1;
+  while (pos < body.size()) {
+    if (body.size() - pos < 4) return false;
+    uint32_t n;
+    std::memcpy(&n, body.data() + pos, 4);
+    pos += 4;
+    if (n > body.size() - pos) return false;
+    fields.push_back(body.substr(pos, n));
+    pos += n;
+  }
+  return fields.size() == expected;
+}
+
+bool send_all(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+sockaddr_in resolve(const std::string& host, int port, const std::string& what) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const std::string numeric = host == "localhost" ? "127.0.0.1" : host;
+  if (::inet_pton(AF_INET, numeric.c_str(), &addr.sin_addr) != 1) {
+    throw Error(ErrorCode::kConfig, cat(what, ": '", host, "' is not an IPv4 address (H2_MASTER_ADDR)"));
+  }
+  return addr;
+}
+
+}  // namespace
+
+struct StoreServer::State {
+  std::string token;
+  int listen_fd = -1;
+  int wake[2] = {-1, -1};
+  std::thread thread;
+  std::atomic<int64_t> rejected{0};
+
+  struct Client {
+    std::string in;
+    bool authed = false;
+  };
+  std::map<int, Client> clients;
+  std::map<std::string, std::string> data;
+  std::map<std::string, std::vector<int>> waiting;  // key -> clients blocked in get
+
+  void drop(int fd, bool bad) {
+    if (bad) ++rejected;
+    ::close(fd);
+    clients.erase(fd);
+    for (auto& [key, fds] : waiting) fds.erase(std::remove(fds.begin(), fds.end(), fd), fds.end());
+  }
+
+  void publish(const std::string& key) {
+    auto it = waiting.find(key);
+    if (it == waiting.end()) return;
+    const std::string reply = frame('V', {data[key]});
+    for (int fd : it->second) send_all(fd, reply);
+    waiting.erase(it);
+  }
+
+  // Handles one complete frame body; false means drop the client.
+  bool handle(int fd, Client& c, const std::string& body) {
+    const char op = body[0];
+    std::vector<std::string> f;
+    if (!c.authed) {
+      if (op != 'H' || !parse_fields(body, f, 1) || f[0] != token) {
+        send_all(fd, frame('E', {"wrong job token"}));
+        return false;
+      }
+      c.authed = true;
+      return send_all(fd, frame('O', {}));
+    }
+    switch (op) {
+      case 'S':
+        if (!parse_fields(body, f, 2)) return false;
+        data[f[0]] = f[1];
+        if (!send_all(fd, frame('O', {}))) return false;
+        publish(f[0]);
+        return true;
+      case 'G':
+        if (!parse_fields(body, f, 1)) return false;
+        if (data.count(f[0]) > 0) return send_all(fd, frame('V', {data[f[0]]}));
+        waiting[f[0]].push_back(fd);
+        return true;
+      case 'A': {
+        if (!parse_fields(body, f, 2)) return false;
+        char* end = nullptr;
+        const long long delta = std::strtoll(f[1].c_str(), &end, 10);
+        if (end == f[1].c_str() || *end != '\0') return false;
+        const long long now = (data.count(f[0]) ? std::strtoll(data[f[0]].c_str(), nullptr, 10) : 0) + delta;
+        data[f[0]] = std::to_string(now);
+        if (!send_all(fd, frame('V', {data[f[0]]}))) return false;
+        publish(f[0]);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
+  void serve() {
+    while (true) {
+      std::vector<pollfd> fds = {{listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
+      for (const auto& [fd, c] : clients) fds.push_back({fd, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (fds[1].revents != 0) return;  // shutdown
+      if (fds[0].revents & POLLIN) {
+        const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) clients[fd] = Client{};
+      }
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        const int fd = fds[i].fd;
+        char buf[65536];
+        const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n <= 0) {
+          if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+          drop(fd, false);
+          continue;
+        }
+        Client& c = clients[fd];
+        c.in.append(buf, static_cast<size_t>(n));
+        bool ok = true;
+        while (ok && c.in.size() >= 4) {
+          uint32_t len;
+          std::memcpy(&len, c.in.data(), 4);
+          if (len == 0 || len > kMaxFrameBytes) {
+            ok = false;  // an impossible length: drop this client, serve the others
+            break;
+          }
+          if (c.in.size() < 4 + static_cast<size_t>(len)) break;
+          const std::string body = c.in.substr(4, len);
+          c.in.erase(0, 4 + static_cast<size_t>(len));
+          ok = handle(fd, c, body);
+        }
+        if (!ok) drop(fd, true);
+      }
+    }
+  }
+};
+
+StoreServer::StoreServer(const std::string& host, int port, std::string token) : state_(std::make_unique<State>()) {
+  state_->token = std::move(token);
+  const std::string where = cat("rendezvous store ", host, ":", port);
+  const sockaddr_in addr = resolve(host, port, where);
+  state_->listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(state_->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(state_->listen_fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(state_->listen_fd, 256) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::close(state_->listen_fd);
+    throw Error(ErrorCode::kIo, cat(where, ": cannot listen: ", reason, " (is the port in use? set H2_MASTER_PORT)"));
+  }
+  sockaddr_in bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(state_->listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  port_ = ntohs(bound.sin_port);
+  if (::pipe2(state_->wake, O_CLOEXEC) != 0) throw Error(ErrorCode::kIo, cat(where, ": pipe: ", std::strerror(errno)));
+  state_->thread = std::thread([s = state_.get()] { s->serve(); });
+}
+
+StoreServer::~StoreServer() {
+  const char b = 1;
+  (void)!::write(state_->wake[1], &b, 1);
+  state_->thread.join();
+  for (const auto& [fd, c] : state_->clients) ::close(fd);
+  ::close(state_->listen_fd);
+  ::close(state_->wake[0]);
+  ::close(state_->wake[1]);
+}
+
+int64_t StoreServer::rejected_connections() const { return state_->rejected; }
+
+StoreClient::StoreClient(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout)
+    : where_(cat("rendezvous store ", host, ":", port)), timeout_(timeout) {
+  const sockaddr_in addr = resolve(host, port, where_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) break;
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw CommError(cat(where_, ": cannot connect within ", timeout.count(), " ms: ", std::strerror(err),
+                          " (is rank 0 running, and H2_MASTER_ADDR/H2_MASTER_PORT the same on every rank?)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const int one = 1;
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  const std::string reply = call('H', token, std::string(), "hello");
+  (void)reply;
+}
+
+StoreClient::~StoreClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string StoreClient::call(char op, const std::string& a, const std::string& b, const std::string& what) {
+  std::vector<std::string> fields = {a};
+  if (op == 'S' || op == 'A') fields.push_back(b);
+  if (!send_all(fd_, frame(op, fields))) throw CommError(cat(where_, ": connection lost sending ", what));
+  std::string in;
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (true) {
+    if (in.size() >= 4) {
+      uint32_t len;
+      std::memcpy(&len, in.data(), 4);
+      if (len == 0 || len > kMaxFrameBytes) throw CommError(cat(where_, ": malformed reply to ", what));
+      if (in.size() >= 4 + static_cast<size_t>(len)) {
+        const std::string body = in.substr(4, len);
+        std::vector<std::string> f;
+        if (body[0] == 'E') {
+          throw CommError(
+              cat(where_, " refused this rank: ", parse_fields(body, f, 1) ? f[0] : "error", " (check H2_JOB_TOKEN)"));
+        }
+        if (body[0] == 'O') return "";
+        if (body[0] == 'V' && parse_fields(body, f, 1)) return f[0];
+        throw CommError(cat(where_, ": malformed reply to ", what));
+      }
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd_, POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) == 0) {
+      throw CommError(cat(where_, ": no answer to ", what, " within ", timeout_.count(), " ms"));
+    }
+    char buf[65536];
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n <= 0) throw CommError(cat(where_, ": connection closed during ", what, " (the store or rank 0 is gone)"));
+    in.append(buf, static_cast<size_t>(n));
+  }
+}
+
+void StoreClient::set(const std::string& key, const std::string& value) { call('S', key, value, "set('" + key + "')"); }
+std::string StoreClient::get(const std::string& key) { return call('G', key, "", "get('" + key + "')"); }
+int64_t StoreClient::add(const std::string& key, int64_t delta) {
+  return std::strtoll(call('A', key, std::to_string(delta), "add('" + key + "')").c_str(), nullptr, 10);
+}
+
+JobEnv job_env_from(const std::function<const char*(const char*)>& env) {
+  auto integer = [&](const char* name, int lo) {
+    const char* v = env(name);
+    if (v == nullptr) throw Error(ErrorCode::kConfig, cat("environment variable ", name, " is not set"));
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || x < lo || x > 1 << 24) {
+      throw Error(ErrorCode::kConfig, cat("environment variable ", name, "='", v, "' is not an integer >= ", lo));
+    }
+    return static_cast<int>(x);
+  };
+  JobEnv j;
+  if (env("H2_RANK") != nullptr) {
+    j.source = "h2";
+    j.rank = integer("H2_RANK", 0);
+    if (env("H2_WORLD_SIZE") == nullptr) throw Error(ErrorCode::kConfig, "H2_RANK is set but H2_WORLD_SIZE is not");
+    j.world_size = integer("H2_WORLD_SIZE", 1);
+  } else if (env("OMPI_COMM_WORLD_RANK") != nullptr) {
+    j.source = "mpirun";
+    j.rank = integer("OMPI_COMM_WORLD_RANK", 0);
+    j.world_size = integer("OMPI_COMM_WORLD_SIZE", 1);
+  } else if (env("SLURM_PROCID") != nullptr) {
+    j.source = "srun";
+    j.rank = integer("SLURM_PROCID", 0);
+    j.world_size = integer("SLURM_NTASKS", 1);
+  } else {
+    j.source = "single";
+  }
+  if (j.rank >= j.world_size) {
+    throw Error(ErrorCode::kConfig,
+                cat("rank ", j.rank, " is not below the world size ", j.world_size, " (", j.source, ")"));
+  }
+  if (const char* a = env("H2_MASTER_ADDR")) j.master_addr = a;
+  if (env("H2_MASTER_PORT") != nullptr) j.master_port = integer("H2_MASTER_PORT", 1);
+  if (const char* t = env("H2_JOB_TOKEN")) j.token = t;
+  return j;
+}
+
+JobEnv job_env() {
+  return job_env_from([](const char* name) { return std::getenv(name); });
+}
+
+}  // namespace h2

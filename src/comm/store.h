@@ -1,0 +1,77 @@
+// The rendezvous store (DESIGN.md, "comm": bootstrap): a small key-value server that rank 0 runs and every
+// rank connects to, as torchrun's TCPStore does. Ranks publish what the others need to connect (transport
+// addresses) and wait for each other's keys.
+//
+// Security and robustness: the server binds only the address it is given (loopback by default); every client
+// must first present the job token (H2_JOB_TOKEN) or is disconnected; frames longer than kMaxFrameBytes or
+// malformed are rejected and the connection dropped, without affecting other clients. Every client call has a
+// timeout whose error names the store's address and the key.
+//
+// Wire format (version 1): each frame is a little-endian u32 length, then that many bytes: an op byte and
+// length-prefixed (u32) strings. Ops: 'H' hello(token) -> 'O' | 'E'; 'S' set(key, value) -> 'O';
+// 'G' get(key) -> 'V' value, sent once the key exists; 'A' add(key, delta as decimal text) -> 'V' new value.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "comm/transport/transport.h"
+
+namespace h2 {
+
+inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+
+class StoreServer {
+ public:
+  // Binds host:port (port 0 picks a free one) and serves in a background thread until destroyed.
+  StoreServer(const std::string& host, int port, std::string token);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  int port() const { return port_; }
+  int64_t rejected_connections() const;  // wrong token or malformed frames, for tests and logs
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  int port_ = 0;
+};
+
+class StoreClient {
+ public:
+  // Connects, retrying until `timeout` (the server may start after the client), and presents the token.
+  StoreClient(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout);
+  ~StoreClient();
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+
+  void set(const std::string& key, const std::string& value);
+  std::string get(const std::string& key);  // waits until some rank sets the key
+  int64_t add(const std::string& key, int64_t delta);
+
+ private:
+  std::string call(char op, const std::string& a, const std::string& b, const std::string& what);
+  std::string where_;
+  int fd_ = -1;
+  std::chrono::milliseconds timeout_;
+};
+
+// Where this process sits in the job, from the launcher's environment: h2 launch / torchrun style
+// (H2_RANK, H2_WORLD_SIZE, H2_MASTER_ADDR, H2_MASTER_PORT, H2_JOB_TOKEN), Open MPI's mpirun
+// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE), or Slurm's srun (SLURM_PROCID, SLURM_NTASKS).
+struct JobEnv {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string token;
+  std::string source;  // "h2", "mpirun", "srun" or "single" (no launcher)
+};
+// Throws Error(kConfig) naming the variable when a value is malformed or inconsistent.
+JobEnv job_env_from(const std::function<const char*(const char*)>& getenv_fn);
+JobEnv job_env();
+
+}  // namespace h2
