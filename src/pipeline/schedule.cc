@@ -169,8 +169,57 @@ Schedule schedule_interleaved(int ranks, int chunks, int m) {
   return s;
 }
 
+Schedule lower_communication(const Schedule& in) {
+  Schedule out = in;
+  for (auto& list : out.actions) {
+    std::vector<Action> lowered;
+    for (const Action& a : list) {
+      const bool forward = a.type == ActionType::kForward, backward = a.type == ActionType::kBackward;
+      const int prev = a.stage - 1, next = a.stage + 1;
+      const bool from_prev = prev >= 0 && in.rank_of(prev) != in.rank_of(a.stage);
+      const bool to_next = next < in.stages && in.rank_of(next) != in.rank_of(a.stage);
+      if (forward && from_prev) lowered.push_back({ActionType::kRecvF, a.stage, a.micro_batch});
+      if (backward && to_next) lowered.push_back({ActionType::kRecvB, a.stage, a.micro_batch});
+      lowered.push_back(a);
+      if (forward && to_next) lowered.push_back({ActionType::kSendF, a.stage, a.micro_batch});
+      if (backward && from_prev) lowered.push_back({ActionType::kSendB, a.stage, a.micro_batch});
+    }
+    list = std::move(lowered);
+  }
+  return out;
+}
+
+Schedule add_gradient_reduction(const Schedule& in) {
+  Schedule out = in;
+  for (auto& list : out.actions) {
+    std::map<int, size_t> last_backward;  // stage -> index of its last backward on this rank
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (list[i].type == ActionType::kBackward) last_backward[list[i].stage] = i;
+    }
+    std::vector<Action> lowered;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Action& a = list[i];
+      lowered.push_back(a);
+      // A stage's gradients are complete after its last backward — or after the send of that backward's
+      // input gradient, when one follows, so that the reduction does not delay the previous stage.
+      const auto last = last_backward.find(a.stage);
+      if (last == last_backward.end()) continue;
+      const bool send_follows =
+          i + 1 < list.size() && list[i + 1].type == ActionType::kSendB && list[i + 1].stage == a.stage;
+      if ((a.type == ActionType::kBackward && last->second == i && !send_follows) ||
+          (a.type == ActionType::kSendB && last->second + 1 == i)) {
+        lowered.push_back({ActionType::kReduceGrad, a.stage, -1});
+      }
+    }
+    for (const auto& [stage, idx] : last_backward) lowered.push_back({ActionType::kOptim, stage, -1});
+    list = std::move(lowered);
+  }
+  return out;
+}
+
 std::string dry_run(const Schedule& s) {
   std::map<std::pair<int, int>, bool> f_done, b_done;  // (stage, micro-batch)
+  std::map<std::pair<int, int>, bool> sent_f, sent_b;  // SEND_F / SEND_B executed
   std::vector<size_t> pos(static_cast<size_t>(s.ranks), 0);
   std::vector<std::vector<int>> step_of(static_cast<size_t>(s.ranks));  // the step each action ran in
   for (int r = 0; r < s.ranks; ++r)
@@ -180,7 +229,9 @@ std::string dry_run(const Schedule& s) {
     if (a.type == ActionType::kBackward) {
       return f_done[{a.stage, a.micro_batch}] && (a.stage == s.stages - 1 || b_done[{a.stage + 1, a.micro_batch}]);
     }
-    return true;  // communication and optimizer actions do not block the dry run
+    if (a.type == ActionType::kRecvF) return sent_f[{a.stage - 1, a.micro_batch}];
+    if (a.type == ActionType::kRecvB) return sent_b[{a.stage + 1, a.micro_batch}];
+    return true;  // sends are eager; REDUCE_GRAD and OPTIM do not block the dry run
   };
   for (int step = 0;; ++step) {
     std::vector<Action> ran;
@@ -216,7 +267,25 @@ std::string dry_run(const Schedule& s) {
       }
       return grid;
     }
-    for (const Action& a : ran) (a.type == ActionType::kForward ? f_done : b_done)[{a.stage, a.micro_batch}] = true;
+    for (const Action& a : ran) {
+      const std::pair<int, int> key{a.stage, a.micro_batch};
+      switch (a.type) {
+        case ActionType::kForward:
+          f_done[key] = true;
+          break;
+        case ActionType::kBackward:
+          b_done[key] = true;
+          break;
+        case ActionType::kSendF:
+          sent_f[key] = true;
+          break;
+        case ActionType::kSendB:
+          sent_b[key] = true;
+          break;
+        default:
+          break;
+      }
+    }
   }
 }
 

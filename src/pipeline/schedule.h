@@ -3,8 +3,7 @@
 // "2B0" its backward, "2SEND_F0"/"2RECV_F0" move micro-batch 0's activation, "2SEND_B0"/"2RECV_B0" its
 // gradient, "2REDUCE_GRAD" reduces stage 2's gradients over its data-parallel group, "2OPTIM" steps its
 // optimizer. Stages are virtual: with interleaving, rank r runs stages r, r + ranks, r + 2 ranks, ...
-// Generators are pure functions; dry_run() checks a schedule for deadlock without devices.
-// Deliberately not here yet: the lowering passes that insert SEND/RECV and REDUCE_GRAD (the runtime's issue).
+// Generators and lowering passes are pure functions; dry_run() checks a schedule for deadlock without devices.
 #pragma once
 
 #include <string>
@@ -46,6 +45,14 @@ Schedule schedule_1f1b(int ranks, int micro_batches);
 // Interleaved 1F1B (Narayanan et al. 2021): each rank runs `chunks` virtual stages; micro_batches must be a
 // multiple of ranks.
 Schedule schedule_interleaved(int ranks, int chunks, int micro_batches);
+
+// Lowering pass: around each compute action, the communication it needs — RECV_F before a forward and SEND_F
+// after it (except at the first and last stage), RECV_B before a backward and SEND_B after it (except at the
+// last and first stage). Neighbouring stages on the same rank (never, unless ranks = 1) exchange nothing.
+Schedule lower_communication(const Schedule& schedule);
+// Lowering pass: REDUCE_GRAD for each stage right after its last backward on the rank, then OPTIM for each of
+// the rank's stages at the end.
+Schedule add_gradient_reduction(const Schedule& schedule);
 
 // Runs the compute actions in dependency order (F of stage s needs F of s - 1; B of s needs F of s and B of
 // s + 1) with unit time, ignoring SEND/RECV. Returns "" when the schedule completes, else a description of

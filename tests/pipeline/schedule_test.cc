@@ -70,6 +70,37 @@ TEST(DryRun, FindsADeadlockAndMarksIt) {
   EXPECT_THAT(grid, HasSubstr("1F1*"));
 }
 
+TEST(Lowering, InsertsMatchingCommunicationAndReductions) {
+  for (const Schedule& base : {schedule_1f1b(4, 6), schedule_gpipe(3, 4), schedule_interleaved(2, 2, 4)}) {
+    const Schedule s = add_gradient_reduction(lower_communication(base));
+    EXPECT_EQ(dry_run(s), "");
+    std::map<ActionType, int> count;
+    for (const auto& list : s.actions) {
+      for (const Action& a : list) ++count[a.type];
+    }
+    const int boundaries = base.stages - 1, m = base.micro_batches;
+    EXPECT_EQ(count[ActionType::kSendF], boundaries * m);
+    EXPECT_EQ(count[ActionType::kRecvF], boundaries * m);
+    EXPECT_EQ(count[ActionType::kSendB], boundaries * m);
+    EXPECT_EQ(count[ActionType::kRecvB], boundaries * m);
+    EXPECT_EQ(count[ActionType::kReduceGrad], base.stages);
+    EXPECT_EQ(count[ActionType::kOptim], base.stages);
+  }
+  // Rank 1 of a two-stage 1F1B: receive, compute, send, and reduce once at the end before the optimizer.
+  const Schedule s = add_gradient_reduction(lower_communication(schedule_1f1b(2, 1)));
+  std::string rank1;
+  for (const Action& a : s.actions[1]) rank1 += a.str() + " ";
+  EXPECT_EQ(rank1, "1RECV_F0 1F0 1B0 1SEND_B0 1REDUCE_GRAD 1OPTIM ");
+}
+
+TEST(DryRun, FindsACommunicationDeadlock) {
+  // Rank 0 waits for micro-batch 0's gradient before it sends micro-batch 0's activation.
+  const Schedule s = Schedule::parse_csv("0,0F0,0RECV_B0,0SEND_F0,0B0\n1,1RECV_F0,1F0,1B0,1SEND_B0\n", 2, 2, 1);
+  const std::string grid = dry_run(s);
+  EXPECT_THAT(grid, HasSubstr("0RECV_B0*"));
+  EXPECT_THAT(grid, HasSubstr("1RECV_F0*"));
+}
+
 TEST(Csv, RoundTripsAndRejectsMisplacedActions) {
   const Schedule s = schedule_1f1b(3, 4);
   const Schedule back = Schedule::parse_csv(s.to_csv(), 3, 3, 4);
