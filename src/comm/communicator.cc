@@ -67,12 +67,11 @@ std::unique_ptr<Request> Communicator::irecv(void* data, size_t bytes, int peer,
 
 // Every rank learns every rank's (colour, key) with an all-gather, then builds its group alone; all members of
 // a group compute the same member list and the same group id.
-Communicator Communicator::split(int color, int key) const {
-  Communicator& self = const_cast<Communicator&>(*this);  // split is collective: it advances the sequence
+Communicator Communicator::split(int color, int key) {
   std::vector<int32_t> mine = {color, key}, all(static_cast<size_t>(2 * size()));
   all[static_cast<size_t>(2 * rank_)] = color;
   all[static_cast<size_t>(2 * rank_ + 1)] = key;
-  self.next_sequence();
+  next_sequence();
   // Everyone sends its pair to everyone: split is rare and its messages are 8 bytes.
   std::vector<std::pair<int, std::unique_ptr<Request>>> sends;
   for (int peer = 0; peer < size(); ++peer) {
@@ -81,9 +80,9 @@ Communicator Communicator::split(int color, int key) const {
           {peer, transport_->isend(members_[static_cast<size_t>(peer)], tag(sequence_, 0), mine.data(), 8)});
   }
   for (int peer = 0; peer < size(); ++peer) {
-    if (peer != rank_) self.recv(all.data() + 2 * peer, 8, peer, "split", 0);
+    if (peer != rank_) recv(all.data() + 2 * peer, 8, peer, "split", 0);
   }
-  for (auto& [peer, request] : sends) self.wait(*request, "split", peer, 0);
+  for (auto& [peer, request] : sends) wait(*request, "split", peer, 0);
   std::vector<std::pair<int, int>> group;  // (key, rank) of my colour
   for (int r = 0; r < size(); ++r) {
     if (all[static_cast<size_t>(2 * r)] == color) group.push_back({all[static_cast<size_t>(2 * r + 1)], r});

@@ -37,7 +37,7 @@ class Communicator {
   const CommOptions& options() const { return options_; }
 
   // Collective over this group: ranks with the same colour form a sub-group, ordered by key then rank.
-  Communicator split(int color, int key) const;
+  Communicator split(int color, int key);
 
   // Point-to-point within the group; user tags must be below 2^32.
   std::unique_ptr<Request> isend(const void* data, size_t bytes, int peer, uint32_t tag);

@@ -239,8 +239,7 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
   }
   const int one = 1;
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  const std::string reply = call('H', token, std::string(), "hello");
-  (void)reply;
+  call('H', token, std::string(), "hello");
 }
 
 StoreClient::~StoreClient() {
