@@ -5,6 +5,8 @@
 //   - two emu devices (speed 1.0 and 0.5) running the same op one at a time: their time ratio, target 2.0.
 // Times are medians over repetitions; ratios, not absolute times, are the result (the machine is shared).
 // Usage: bench_ops [--reps N]   (bench/run_ops.sh runs it with OpenBLAS free to pick its kernel)
+#include "ops/ops.h"
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -18,7 +20,6 @@
 
 #include "core/rng.h"
 #include "device/registry.h"
-#include "ops/ops.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -55,7 +56,8 @@ Tensor randn(Device& dev, Shape shape, uint64_t seed, float scale = 1.0f) {
 Tensor tokens(Device& dev, Shape shape, int limit) {
   Tensor t = dev.empty(DType::kI32, shape);
   Rng rng(7);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(limit)));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(limit)));
   return t;
 }
 
@@ -66,8 +68,9 @@ void matmul_table(Device& dev) {
     const char* name;
     int c, oc;
   };
-  for (const Shape3& s : {Shape3{"attn.c_attn (qkv)", C, 3 * C}, Shape3{"attn.c_proj", C, C},
-                          Shape3{"mlp.c_fc", C, 4 * C}, Shape3{"mlp.c_proj", 4 * C, C}, Shape3{"lm_head (no bias)", C, V}}) {
+  for (const Shape3& s :
+       {Shape3{"attn.c_attn (qkv)", C, 3 * C}, Shape3{"attn.c_proj", C, C}, Shape3{"mlp.c_fc", C, 4 * C},
+        Shape3{"mlp.c_proj", 4 * C, C}, Shape3{"lm_head (no bias)", C, V}}) {
     const bool bias = s.oc != V;
     Tensor inp = randn(dev, {N, s.c}, 1), w = randn(dev, {s.oc, s.c}, 2, 0.02f), b = randn(dev, {s.oc}, 3);
     Tensor out = dev.empty(DType::kF32, {N, s.oc});
@@ -110,14 +113,16 @@ void bandwidth_table(Device& dev) {
   Tensor x4 = randn(dev, {n4}, 1), y4 = randn(dev, {n4}, 2), z4 = dev.empty(DType::kF32, {n4});
   Tensor a = randn(dev, {N, C}, 3), b = randn(dev, {N, C}, 4), o = dev.empty(DType::kF32, {N, C});
   Tensor mean = dev.empty(DType::kF32, {N}), rstd = dev.empty(DType::kF32, {N});
-  Tensor lw = randn(dev, {C}, 5), lb = randn(dev, {C}, 6), dlw = dev.zeros(DType::kF32, {C}), dlb = dev.zeros(DType::kF32, {C});
+  Tensor lw = randn(dev, {C}, 5), lb = randn(dev, {C}, 6), dlw = dev.zeros(DType::kF32, {C}),
+         dlb = dev.zeros(DType::kF32, {C});
   Tensor h4 = dev.empty(DType::kBF16, {n4}), h4_out = dev.empty(DType::kBF16, {n4});
   ops::convert(h4, x4);  // real values: uninitialised bf16 could hold denormals, which are slow to compute with
   Tensor wte = randn(dev, {V, C}, 7, 0.02f), wpe = randn(dev, {1024, C}, 8, 0.02f), tok = tokens(dev, {B, T}, V);
   Tensor dwte = dev.zeros(DType::kF32, {V, C}), dwpe = dev.zeros(DType::kF32, {1024, C});
   Tensor logits = randn(dev, {N, V}, 9), dlogits = dev.empty(DType::kF32, {N, V}), losses = dev.empty(DType::kF32, {N});
   const int64_t np = 4 * C * C;  // an mlp.c_fc weight: AdamW's working set per tensor
-  Tensor p = randn(dev, {np}, 10), m = dev.zeros(DType::kF32, {np}), v = dev.zeros(DType::kF32, {np}), g = randn(dev, {np}, 11);
+  Tensor p = randn(dev, {np}, 10), m = dev.zeros(DType::kF32, {np}), v = dev.zeros(DType::kF32, {np}),
+         g = randn(dev, {np}, 11);
   Tensor acc = dev.zeros(DType::kF32, {1});
   ops::layernorm_forward(o, mean, rstd, a, lw, lb);
   const double f = 4.0;  // bytes per f32
@@ -161,8 +166,14 @@ void bandwidth_table(Device& dev) {
 void emu_table() {
   std::printf("\n## emu pacing: two emulated chips, speeds 1.0 and 0.5, run one at a time (target ratio 2.0)\n");
   std::printf("%-30s %12s %12s %8s\n", "op", "speed 1.0 ms", "speed 0.5 ms", "ratio");
-  auto fast = create_device(DeviceSpec{.backend = "emu", .index = 0, .emu = EmuProfile{.chip = "fast", .speed = 1.0, .mem_capacity_bytes = size_t{1} << 30}});
-  auto slow = create_device(DeviceSpec{.backend = "emu", .index = 1, .emu = EmuProfile{.chip = "slow", .speed = 0.5, .mem_capacity_bytes = size_t{1} << 30}});
+  auto fast =
+      create_device(DeviceSpec{.backend = "emu",
+                               .index = 0,
+                               .emu = EmuProfile{.chip = "fast", .speed = 1.0, .mem_capacity_bytes = size_t{1} << 30}});
+  auto slow =
+      create_device(DeviceSpec{.backend = "emu",
+                               .index = 1,
+                               .emu = EmuProfile{.chip = "slow", .speed = 0.5, .mem_capacity_bytes = size_t{1} << 30}});
   struct Row {
     const char* name;
     std::function<std::function<void()>(Device&)> make;

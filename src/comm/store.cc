@@ -88,6 +88,7 @@ struct StoreServer::State {
   std::map<int, Client> clients;
   std::map<std::string, std::string> data;
   std::map<std::string, std::vector<int>> waiting;  // key -> clients blocked in get
+  bool refused = false;                             // the last handle() refused a token (already counted)
 
   void drop(int fd, bool bad) {
     if (bad) ++rejected;
@@ -110,7 +111,9 @@ struct StoreServer::State {
     std::vector<std::string> f;
     if (!c.authed) {
       if (op != 'H' || !parse_fields(body, f, 1) || f[0] != token) {
+        ++rejected;  // counted before the reply, so a client that sees the refusal also sees the count
         send_all(fd, frame('E', {"wrong job token"}));
+        refused = true;
         return false;
       }
       c.authed = true;
@@ -182,7 +185,8 @@ struct StoreServer::State {
           c.in.erase(0, 4 + static_cast<size_t>(len));
           ok = handle(fd, c, body);
         }
-        if (!ok) drop(fd, true);
+        if (!ok) drop(fd, !refused);
+        refused = false;
       }
     }
   }
