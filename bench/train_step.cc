@@ -17,7 +17,7 @@
 #include "device/registry.h"
 #include "model/costs.h"
 #include "model/gpt.h"
-#include "ops/ops.h"
+#include "train/trainer.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   Gpt model(config, *dev, GptRange::whole(config), B, T);
   model.init(1);
-  Tensor m = dev->zeros(DType::kF32, {model.num_params()}), v = dev->zeros(DType::kF32, {model.num_params()});
+  const OptimizerState optimizer{dev->zeros(DType::kF32, {model.num_params()}),
+                                 dev->zeros(DType::kF32, {model.num_params()})};
   Tensor tokens = dev->empty(DType::kI32, {B, T}), targets = dev->empty(DType::kI32, {B, T});
   Rng rng(3);
   for (int64_t i = 0; i < tokens.numel(); ++i) {
@@ -81,14 +82,7 @@ int main(int argc, char** argv) {
     model.forward(tokens);
     model.loss(targets);
     model.backward();
-    int64_t off = 0;
-    for (const Gpt::Param& p : model.params()) {
-      const int64_t n = p.value.numel();
-      ops::adamw_update(p.value, m.slice(off, off + n).reshape(p.value.shape()),
-                        v.slice(off, off + n).reshape(p.value.shape()), p.grad,
-                        AdamwParams{.lr = 1e-4f, .weight_decay = p.weight_decay ? 0.1f : 0.0f, .step = t});
-      off += n;
-    }
+    adamw_step(model, optimizer, AdamwParams{.lr = 1e-4f, .weight_decay = 0.1f, .step = t});
   };
   step(1);  // warm-up
   std::vector<double> times;

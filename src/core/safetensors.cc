@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/error.h"
 
@@ -12,16 +14,13 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;  // the format's own limit
 
+// safetensors' dtype names for the dtypes H2 reads and writes.
+constexpr std::pair<DType, const char*> kDtypeNames[] = {
+    {DType::kF32, "F32"}, {DType::kBF16, "BF16"}, {DType::kF64, "F64"}, {DType::kI32, "I32"}};
+
 const char* st_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "F32";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kF64:
-      return "F64";
-    case DType::kI32:
-      return "I32";
+  for (const auto& [d, name] : kDtypeNames) {
+    if (d == dtype) return name;
   }
   return "?";
 }
@@ -85,18 +84,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     }
     try {
       const std::string dtype_text = value.at("dtype").get<std::string>();
-      DType dtype = DType::kF32;
-      if (dtype_text == "F32") {
-        dtype = DType::kF32;
-      } else if (dtype_text == "BF16") {
-        dtype = DType::kBF16;
-      } else if (dtype_text == "F64") {
-        dtype = DType::kF64;
-      } else if (dtype_text == "I32") {
-        dtype = DType::kI32;
-      } else {
+      const auto* known = std::find_if(std::begin(kDtypeNames), std::end(kDtypeNames),
+                                       [&](const auto& entry) { return dtype_text == entry.second; });
+      if (known == std::end(kDtypeNames)) {
         corrupt(cat("tensor '", name, "' has dtype ", dtype_text, ", which H2 does not read"));
       }
+      const DType dtype = known->first;
       const auto shape = value.at("shape").get<std::vector<int64_t>>();
       const auto offsets = value.at("data_offsets").get<std::vector<uint64_t>>();
       int64_t n = 1;

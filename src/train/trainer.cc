@@ -135,6 +135,18 @@ double learning_rate(const TrainConfig& c, int64_t step) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+void adamw_step(Gpt& model, const OptimizerState& optimizer, const AdamwParams& hp) {
+  int64_t offset = 0;
+  for (const Gpt::Param& p : model.params()) {
+    const int64_t n = p.value.numel();
+    AdamwParams param_hp = hp;
+    if (!p.weight_decay) param_hp.weight_decay = 0.0f;
+    ops::adamw_update(p.value, optimizer.m.slice(offset, offset + n).reshape(p.value.shape()),
+                      optimizer.v.slice(offset, offset + n).reshape(p.value.shape()), p.grad, param_hp);
+    offset += n;
+  }
+}
+
 TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   auto device = create_device(c.device);
   Gpt model(c.model, *device, GptRange::whole(c.model), c.batch_size, c.seq_len);
@@ -228,19 +240,13 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
                                             loss, ", norm ", norm, "); lower optim.lr or set optim.grad_clip"));
     }
     if (c.grad_clip > 0 && norm > c.grad_clip) ops::scale(model.flat_grads(), static_cast<float>(c.grad_clip / norm));
-    int64_t offset = 0;
-    for (const Gpt::Param& p : model.params()) {
-      const int64_t n = p.value.numel();
-      AdamwParams hp{.lr = static_cast<float>(lr),
-                     .beta1 = static_cast<float>(c.beta1),
-                     .beta2 = static_cast<float>(c.beta2),
-                     .eps = static_cast<float>(c.eps),
-                     .weight_decay = p.weight_decay ? static_cast<float>(c.weight_decay) : 0.0f,
-                     .step = step + 1};
-      ops::adamw_update(p.value, optimizer.m.slice(offset, offset + n).reshape(p.value.shape()),
-                        optimizer.v.slice(offset, offset + n).reshape(p.value.shape()), p.grad, hp);
-      offset += n;
-    }
+    adamw_step(model, optimizer,
+               AdamwParams{.lr = static_cast<float>(lr),
+                           .beta1 = static_cast<float>(c.beta1),
+                           .beta2 = static_cast<float>(c.beta2),
+                           .eps = static_cast<float>(c.eps),
+                           .weight_decay = static_cast<float>(c.weight_decay),
+                           .step = step + 1});
     device->synchronize();
     ++step;
     const double t1 = now_seconds();

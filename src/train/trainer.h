@@ -15,6 +15,8 @@
 #include "core/config.h"
 #include "device/registry.h"
 #include "model/gpt.h"
+#include "ops/kernels.h"
+#include "train/checkpoint.h"
 
 namespace h2 {
 
@@ -46,6 +48,10 @@ struct TrainConfig {
 };
 
 double learning_rate(const TrainConfig& config, int64_t step);
+
+// One AdamW step over every parameter of `model` with the moments in `optimizer` (laid out like the flat
+// parameters). `hp.weight_decay` applies to the parameters marked for decay only.
+void adamw_step(Gpt& model, const OptimizerState& optimizer, const AdamwParams& hp);
 
 struct StepMetrics {
   int64_t step;  // 1-based: the step just completed
