@@ -18,22 +18,20 @@ void reduce_into(float* acc, const float* in, size_t n, ReduceOp op) {
   }
 }
 
-std::vector<float> widen(const void* data, size_t count, DType dtype) {
-  std::vector<float> out(count);
+void widen(float* out, const void* data, size_t count, DType dtype) {
   if (dtype == DType::kBF16) {
     const auto* h = static_cast<const bf16_t*>(data);
     for (size_t i = 0; i < count; ++i) out[i] = bf16_to_f32(h[i]);
-  } else if (count > 0) {
-    std::memcpy(out.data(), data, count * 4);
+  } else if (count > 0 && out != data) {
+    std::memcpy(out, data, count * 4);
   }
-  return out;
 }
 
 void narrow(void* data, const float* values, size_t count, DType dtype) {
   if (dtype == DType::kBF16) {
     auto* h = static_cast<bf16_t*>(data);
     for (size_t i = 0; i < count; ++i) h[i] = f32_to_bf16(values[i]);
-  } else if (count > 0) {
+  } else if (count > 0 && data != values) {
     std::memcpy(data, values, count * 4);
   }
 }
@@ -49,52 +47,49 @@ size_t block(size_t count, int n, int i) { return count * static_cast<size_t>(i)
 
 // Ring reduce-scatter (Patarasuk & Yuan 2009): in n - 1 steps each rank passes a block to its right neighbour
 // and adds the block arriving from its left. Afterwards rank r holds the whole sum of block (r + 1) mod n.
-void ring_reduce_scatter(Communicator& c, std::vector<float>& v, ReduceOp op, const char* name) {
+void ring_reduce_scatter(Communicator& c, float* v, size_t count, ReduceOp op, const char* name) {
   const int n = c.size(), r = c.rank();
-  const size_t count = v.size();
-  std::vector<float> incoming(count / static_cast<size_t>(n) + 1);
+  float* incoming = c.scratch(1, count / static_cast<size_t>(n) + 1);
   for (int s = 0; s < n - 1; ++s) {
     const int sb = (r - s + n) % n, rb = (r - s - 1 + n) % n;
     const size_t s0 = block(count, n, sb), s1 = block(count, n, sb + 1);
     const size_t r0 = block(count, n, rb), r1 = block(count, n, rb + 1);
-    c.send_recv(v.data() + s0, (s1 - s0) * 4, (r + 1) % n, incoming.data(), (r1 - r0) * 4, (r - 1 + n) % n, name, s);
-    reduce_into(v.data() + r0, incoming.data(), r1 - r0, op);
+    c.send_recv(v + s0, (s1 - s0) * 4, (r + 1) % n, incoming, (r1 - r0) * 4, (r - 1 + n) % n, name, s);
+    reduce_into(v + r0, incoming, r1 - r0, op);
   }
 }
 
 // Ring all-gather of the blocks left by ring_reduce_scatter: rank r starts with block (r + 1) mod n.
-void ring_all_gather(Communicator& c, std::vector<float>& v, const char* name, int step0) {
+void ring_all_gather(Communicator& c, float* v, size_t count, const char* name, int step0) {
   const int n = c.size(), r = c.rank();
-  const size_t count = v.size();
   for (int s = 0; s < n - 1; ++s) {
     const int sb = (r + 1 - s + n) % n, rb = (r - s + n) % n;
     const size_t s0 = block(count, n, sb), s1 = block(count, n, sb + 1);
     const size_t r0 = block(count, n, rb), r1 = block(count, n, rb + 1);
-    c.send_recv(v.data() + s0, (s1 - s0) * 4, (r + 1) % n, v.data() + r0, (r1 - r0) * 4, (r - 1 + n) % n, name,
-                step0 + s);
+    c.send_recv(v + s0, (s1 - s0) * 4, (r + 1) % n, v + r0, (r1 - r0) * 4, (r - 1 + n) % n, name, step0 + s);
   }
 }
 
 // Binomial tree: reduce to rank 0 in ceil(log2 n) rounds, then broadcast back the same way.
-void tree_all_reduce(Communicator& c, std::vector<float>& v, ReduceOp op) {
+void tree_all_reduce(Communicator& c, float* v, size_t count, ReduceOp op) {
   const int n = c.size(), r = c.rank();
-  std::vector<float> incoming(v.size());
+  float* incoming = c.scratch(1, count);
   int step = 0;
   for (int d = 1; d < n; d <<= 1, ++step) {
     if (r % (2 * d) == d) {
-      c.send(v.data(), v.size() * 4, r - d, "all_reduce", step);
+      c.send(v, count * 4, r - d, "all_reduce", step);
       break;
     }
     if (r % (2 * d) == 0 && r + d < n) {
-      c.recv(incoming.data(), v.size() * 4, r + d, "all_reduce", step);
-      reduce_into(v.data(), incoming.data(), v.size(), op);
+      c.recv(incoming, count * 4, r + d, "all_reduce", step);
+      reduce_into(v, incoming, count, op);
     }
   }
   int top = 1;
   while (top < n) top <<= 1;
   for (int d = top >> 1; d >= 1; d >>= 1) {
-    if (r % (2 * d) == 0 && r + d < n) c.send(v.data(), v.size() * 4, r + d, "all_reduce", 100 + d);
-    if (r % (2 * d) == d) c.recv(v.data(), v.size() * 4, r - d, "all_reduce", 100 + d);
+    if (r % (2 * d) == 0 && r + d < n) c.send(v, count * 4, r + d, "all_reduce", 100 + d);
+    if (r % (2 * d) == d) c.recv(v, count * 4, r - d, "all_reduce", 100 + d);
   }
 }
 
@@ -107,21 +102,36 @@ void Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op
     last_algorithm_ = "none";
     if (op != ReduceOp::kAvg || count == 0) return;
   }
-  std::vector<float> v = widen(data, count, dtype);
+  // f32 is reduced in place; bf16 is widened into a persistent buffer and rounded once at the end.
+  float* v = dtype == DType::kF32 ? static_cast<float*>(data) : scratch(0, count);
+  widen(v, data, count, dtype);
+  const ReduceOp sum_or_max = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   if (size() > 1) {
     if (count * dtype_size(dtype) <= options_.small_message_bytes || count < static_cast<size_t>(size())) {
       last_algorithm_ = "tree";
-      tree_all_reduce(*this, v, op);
+      tree_all_reduce(*this, v, count, sum_or_max);
+    } else if (hierarchical()) {
+      // Within each host, then across hosts (one rank per host per block), then within the host again: the
+      // slow inter-host links carry 2 (h-1)/h of the data once instead of every ring step crossing them.
+      last_algorithm_ = "hierarchical";
+      const int l = local_->size(), mine = (local_->rank() + 1) % l;
+      const size_t b0 = block(count, l, mine), b1 = block(count, l, mine + 1);
+      local_->next_sequence();
+      ring_reduce_scatter(*local_, v, count, sum_or_max, "all_reduce(local)");
+      cross_->all_reduce(v + b0, b1 - b0, DType::kF32, sum_or_max);
+      local_->next_sequence();
+      ring_all_gather(*local_, v, count, "all_reduce(local)", l);
     } else {
       last_algorithm_ = "ring";
-      ring_reduce_scatter(*this, v, op, "all_reduce");
-      ring_all_gather(*this, v, "all_reduce", size());
+      ring_reduce_scatter(*this, v, count, sum_or_max, "all_reduce");
+      ring_all_gather(*this, v, count, "all_reduce", size());
     }
   }
   if (op == ReduceOp::kAvg) {
-    for (float& x : v) x /= static_cast<float>(size());
+    const float inv = 1.0f / static_cast<float>(size());
+    for (size_t i = 0; i < count; ++i) v[i] *= inv;
   }
-  narrow(data, v.data(), count, dtype);
+  narrow(data, v, count, dtype);
 }
 
 void Communicator::reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op) {
@@ -130,14 +140,15 @@ void Communicator::reduce_scatter(void* out, const void* in, size_t count, DType
   const int n = size();
   // ring_reduce_scatter leaves rank r with block r + 1 complete, so shift the input by one block: block b of the
   // input goes to position b + 1, and rank r ends with the sum of input block r.
-  std::vector<float> all = widen(in, count * static_cast<size_t>(n), dtype), v(all.size());
+  float* v = scratch(0, count * static_cast<size_t>(n));
+  const size_t width = dtype_size(dtype);
   for (int b = 0; b < n; ++b) {
-    std::copy_n(all.begin() + static_cast<long>(count * static_cast<size_t>(b)), count,
-                v.begin() + static_cast<long>(count * static_cast<size_t>((b + 1) % n)));
+    widen(v + count * static_cast<size_t>((b + 1) % n),
+          static_cast<const char*>(in) + count * width * static_cast<size_t>(b), count, dtype);
   }
-  if (n > 1) ring_reduce_scatter(*this, v, op, "reduce_scatter");
+  if (n > 1) ring_reduce_scatter(*this, v, count * static_cast<size_t>(n), op, "reduce_scatter");
   const int mine = n > 1 ? (rank() + 1) % n : 0;  // the block this rank now holds in full
-  float* result = v.data() + count * static_cast<size_t>(mine);
+  float* result = v + count * static_cast<size_t>(mine);
   if (op == ReduceOp::kAvg) {
     for (size_t i = 0; i < count; ++i) result[i] /= static_cast<float>(n);
   }

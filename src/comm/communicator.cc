@@ -6,10 +6,18 @@
 
 namespace h2 {
 
-// Tags: the group (16 bits), the collective's sequence number (32 bits) and the step within it (16 bits).
-// User point-to-point tags use sequence 0 with the tag in the step and sequence fields' place.
+// Transport tags have 48 bits (transport.h): the group (10 bits), the collective's sequence number (22 bits,
+// wrapping: matching is in order, so only 4M collectives in flight at once would collide) and the step within it
+// (16 bits). User point-to-point tags take the sequence field's place with step 0xffff, which no collective uses.
 uint64_t Communicator::tag(uint64_t sequence, int step) const {
-  return (group_id_ << 48) | ((sequence & 0xffffffffull) << 16) | (static_cast<uint64_t>(step) & 0xffff);
+  return (group_id_ << 38) | ((sequence & 0x3fffff) << 16) | (static_cast<uint64_t>(step) & 0xffff);
+}
+
+uint64_t Communicator::user_tag(uint32_t tag, const char* op) const {
+  if (tag >= kMaxUserTag) {
+    throw Error(ErrorCode::kInvalidArgument, cat(op, ": tag ", tag, " is not below ", kMaxUserTag));
+  }
+  return (group_id_ << 38) | (uint64_t{tag} << 16) | 0xffff;
 }
 
 Communicator::Communicator(std::shared_ptr<Transport> transport, CommOptions options)
@@ -51,18 +59,44 @@ void Communicator::send_recv(const void* send_data, size_t send_bytes, int to, v
   wait(*s, op, to, step);
 }
 
-std::unique_ptr<Request> Communicator::isend(const void* data, size_t bytes, int peer, uint32_t user_tag) {
+std::unique_ptr<Request> Communicator::isend(const void* data, size_t bytes, int peer, uint32_t tag) {
   if (peer < 0 || peer >= size())
     throw Error(ErrorCode::kInvalidArgument, cat("send: peer ", peer, " is not in the group of ", size()));
-  return transport_->isend(members_[static_cast<size_t>(peer)], (group_id_ << 48) | (uint64_t{user_tag} << 16) | 0xffff,
-                           data, bytes);
+  return transport_->isend(members_[static_cast<size_t>(peer)], user_tag(tag, "send"), data, bytes);
 }
 
-std::unique_ptr<Request> Communicator::irecv(void* data, size_t bytes, int peer, uint32_t user_tag) {
+std::unique_ptr<Request> Communicator::irecv(void* data, size_t bytes, int peer, uint32_t tag) {
   if (peer < 0 || peer >= size())
     throw Error(ErrorCode::kInvalidArgument, cat("recv: peer ", peer, " is not in the group of ", size()));
-  return transport_->irecv(members_[static_cast<size_t>(peer)], (group_id_ << 48) | (uint64_t{user_tag} << 16) | 0xffff,
-                           data, bytes);
+  return transport_->irecv(members_[static_cast<size_t>(peer)], user_tag(tag, "recv"), data, bytes);
+}
+
+float* Communicator::scratch(int which, size_t count) {
+  std::vector<float>& b = scratch_[which];
+  if (b.size() < count) {
+    b.resize(count);
+    ++buffer_growths_;
+  }
+  return b.data();
+}
+
+void Communicator::set_hosts(const std::string& host) {
+  // Colour = a 31-bit hash of the host id (FNV-1a); ranks of one host form `local`, ranks with the same local
+  // rank across hosts form `cross`.
+  uint32_t h = 2166136261u;
+  for (unsigned char ch : host) h = (h ^ ch) * 16777619u;
+  auto local = std::make_unique<Communicator>(split(static_cast<int>(h & 0x7fffffff), rank_));
+  auto cross = std::make_unique<Communicator>(split(local->rank(), rank_));
+  // Hierarchy applies when there is more than one host and every host has the same number of ranks.
+  float shape[2] = {static_cast<float>(local->size()), -static_cast<float>(local->size())};
+  all_reduce(shape, 2, DType::kF32, ReduceOp::kMax);
+  const bool uniform = shape[0] == -shape[1];
+  local_.reset();
+  cross_.reset();
+  if (uniform && cross->size() > 1 && local->size() > 1) {
+    local_ = std::move(local);
+    cross_ = std::move(cross);
+  }
 }
 
 // Every rank learns every rank's (colour, key) with an all-gather, then builds its group alone; all members of
@@ -90,9 +124,9 @@ Communicator Communicator::split(int color, int key) {
   std::sort(group.begin(), group.end());
   std::vector<int> members;
   for (const auto& [k, r] : group) members.push_back(members_[static_cast<size_t>(r)]);
-  // The group id: a hash of the parent's id, the split's sequence number and the colour, in 16 bits.
+  // The group id: a hash of the parent's id, the split's sequence number and the colour, in 10 bits.
   uint64_t id = group_id_ * 1000003u + sequence_ * 7919u + static_cast<uint64_t>(static_cast<uint32_t>(color)) + 1;
-  id = (id ^ (id >> 16) ^ (id >> 32)) & 0xffff;
+  id = (id ^ (id >> 10) ^ (id >> 20) ^ (id >> 40)) & 0x3ff;
   return Communicator(transport_, members, id, options_);
 }
 

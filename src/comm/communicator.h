@@ -6,7 +6,7 @@
 // all-reduces (bandwidth-optimal: each rank sends 2 (n-1)/n of the data), binomial-tree reduce + broadcast for
 // small ones (latency: 2 log2 n steps), chosen by size. bf16 reductions accumulate in f32: the data is widened,
 // reduced and rounded once at the end.
-// Deliberately not here yet: the UCX transport, the TCP rendezvous store and the launcher (see README).
+// Transports: comm/transport/inproc (threads) and comm/transport/ucx (processes, hosts); comm/job.h joins a job.
 #pragma once
 
 #include <chrono>
@@ -39,9 +39,12 @@ class Communicator {
   // Collective over this group: ranks with the same colour form a sub-group, ordered by key then rank.
   Communicator split(int color, int key);
 
-  // Point-to-point within the group; user tags must be below 2^32.
+  // Point-to-point within the group; user tags must be below kMaxUserTag.
+  static constexpr uint32_t kMaxUserTag = 1u << 22;
   std::unique_ptr<Request> isend(const void* data, size_t bytes, int peer, uint32_t tag);
   std::unique_ptr<Request> irecv(void* data, size_t bytes, int peer, uint32_t tag);
+  // Waits with this communicator's timeout; the CommError names `op`, this rank and `peer`.
+  void wait_request(Request& request, const char* op, int peer) { wait(request, op, peer, 0); }
 
   // Collectives (every rank of the group calls them in the same order). Counts are elements of `dtype`
   // (f32 or bf16). all_reduce works in place.
@@ -53,8 +56,17 @@ class Communicator {
   void broadcast(void* data, size_t count, DType dtype, int root);
   void barrier();
 
-  // The algorithm the last all_reduce used ("ring", "tree", "none"), for benchmarks and tests.
+  // Collective: tells the communicator which host each rank is on (ranks on one host share memory, ranks on
+  // different hosts a slower network). When ranks span hosts and every host has the same number of them,
+  // large all-reduces become hierarchical: ring reduce-scatter within each host, all-reduce across hosts,
+  // ring all-gather within each host. With one host, or uneven hosts, the flat ring stays.
+  void set_hosts(const std::string& host);
+  bool hierarchical() const { return local_ != nullptr; }
+
+  // The algorithm the last all_reduce used ("ring", "tree", "hierarchical", "none"), for benchmarks and tests.
   const char* last_algorithm() const { return last_algorithm_; }
+  // Times a persistent work buffer had to grow: once per new largest size, then never (tests check reuse).
+  int64_t buffer_growths() const { return buffer_growths_; }
 
   // --- for algorithms: a blocking step with this communicator's timeout and a named operation ---
   void send_recv(const void* send_data, size_t send_bytes, int to, void* recv_data, size_t recv_bytes, int from,
@@ -62,10 +74,13 @@ class Communicator {
   void send(const void* data, size_t bytes, int peer, const char* op, int step);
   void recv(void* data, size_t bytes, int peer, const char* op, int step);
   uint64_t next_sequence() { return ++sequence_; }
+  // Persistent f32 work buffer `which` (0 or 1) of at least `count` elements, grown only when too small.
+  float* scratch(int which, size_t count);
 
  private:
   Communicator(std::shared_ptr<Transport> transport, std::vector<int> members, uint64_t group_id, CommOptions options);
   uint64_t tag(uint64_t sequence, int step) const;
+  uint64_t user_tag(uint32_t tag, const char* op) const;
   void wait(Request& request, const char* op, int peer, int step);
 
   std::shared_ptr<Transport> transport_;
@@ -75,6 +90,9 @@ class Communicator {
   CommOptions options_;
   uint64_t sequence_ = 0;  // collective calls so far: keeps their messages apart
   const char* last_algorithm_ = "none";
+  std::vector<float> scratch_[2];
+  int64_t buffer_growths_ = 0;
+  std::unique_ptr<Communicator> local_, cross_;  // set by set_hosts when hierarchical all-reduce applies
 };
 
 }  // namespace h2

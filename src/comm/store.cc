@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -84,6 +85,8 @@ struct StoreServer::State {
   struct Client {
     std::string in;
     bool authed = false;
+    int rank = -1;      // set by 'R': this connection is that rank's lifeline
+    bool left = false;  // said 'Q' before closing: a clean exit, not a death
   };
   std::map<int, Client> clients;
   std::map<std::string, std::string> data;
@@ -93,8 +96,13 @@ struct StoreServer::State {
   void drop(int fd, bool bad) {
     if (bad) ++rejected;
     ::close(fd);
+    const Client& c = clients[fd];
+    if (c.rank >= 0 && !c.left) {  // a registered rank vanished without saying goodbye: record it as dead
+      data[kDeadRanksKey] += std::to_string(c.rank) + ",";
+    }
     clients.erase(fd);
     for (auto& [key, fds] : waiting) fds.erase(std::remove(fds.begin(), fds.end(), fd), fds.end());
+    publish(kDeadRanksKey);
   }
 
   void publish(const std::string& key) {
@@ -131,6 +139,20 @@ struct StoreServer::State {
         if (data.count(f[0]) > 0) return send_all(fd, frame('V', {data[f[0]]}));
         waiting[f[0]].push_back(fd);
         return true;
+      case 'T':
+        if (!parse_fields(body, f, 1)) return false;
+        return send_all(fd, data.count(f[0]) > 0 ? frame('V', {data[f[0]]}) : frame('N', {}));
+      case 'R': {
+        if (!parse_fields(body, f, 1)) return false;
+        char* end = nullptr;
+        const long r = std::strtol(f[0].c_str(), &end, 10);
+        if (end == f[0].c_str() || *end != '\0' || r < 0) return false;
+        c.rank = static_cast<int>(r);
+        return send_all(fd, frame('O', {}));
+      }
+      case 'Q':
+        c.left = true;
+        return send_all(fd, frame('O', {}));
       case 'A': {
         if (!parse_fields(body, f, 2)) return false;
         char* end = nullptr;
@@ -250,8 +272,10 @@ StoreClient::~StoreClient() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::string StoreClient::call(char op, const std::string& a, const std::string& b, const std::string& what) {
-  std::vector<std::string> fields = {a};
+std::optional<std::string> StoreClient::call(char op, const std::string& a, const std::string& b,
+                                             const std::string& what) {
+  std::vector<std::string> fields;
+  if (op != 'Q') fields.push_back(a);
   if (op == 'S' || op == 'A') fields.push_back(b);
   if (!send_all(fd_, frame(op, fields))) throw CommError(cat(where_, ": connection lost sending ", what));
   std::string in;
@@ -269,6 +293,7 @@ std::string StoreClient::call(char op, const std::string& a, const std::string& 
               cat(where_, " refused this rank: ", parse_fields(body, f, 1) ? f[0] : "error", " (check H2_JOB_TOKEN)"));
         }
         if (body[0] == 'O') return "";
+        if (body[0] == 'N') return std::nullopt;  // try_get of a missing key
         if (body[0] == 'V' && parse_fields(body, f, 1)) return f[0];
         throw CommError(cat(where_, ": malformed reply to ", what));
       }
@@ -287,9 +312,28 @@ std::string StoreClient::call(char op, const std::string& a, const std::string& 
 }
 
 void StoreClient::set(const std::string& key, const std::string& value) { call('S', key, value, "set('" + key + "')"); }
-std::string StoreClient::get(const std::string& key) { return call('G', key, "", "get('" + key + "')"); }
+std::string StoreClient::get(const std::string& key) { return call('G', key, "", "get('" + key + "')").value_or(""); }
+std::optional<std::string> StoreClient::try_get(const std::string& key) {
+  return call('T', key, "", "try_get('" + key + "')");
+}
+
+void StoreClient::register_rank(int rank) { call('R', std::to_string(rank), "", "register"); }
+void StoreClient::leave() { call('Q', "", "", "leave"); }
+
+std::vector<int> StoreClient::dead_ranks() {
+  std::vector<int> out;
+  const std::optional<std::string> list = try_get(kDeadRanksKey);
+  if (!list) return out;
+  for (size_t pos = 0; pos < list->size();) {
+    const size_t comma = list->find(',', pos);
+    out.push_back(std::atoi(list->substr(pos, comma - pos).c_str()));
+    pos = comma == std::string::npos ? list->size() : comma + 1;
+  }
+  return out;
+}
+
 int64_t StoreClient::add(const std::string& key, int64_t delta) {
-  return std::strtoll(call('A', key, std::to_string(delta), "add('" + key + "')").c_str(), nullptr, 10);
+  return std::strtoll(call('A', key, std::to_string(delta), "add('" + key + "')").value_or("").c_str(), nullptr, 10);
 }
 
 JobEnv job_env_from(const std::function<const char*(const char*)>& env) {

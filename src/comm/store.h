@@ -9,20 +9,27 @@
 //
 // Wire format (version 1): each frame is a little-endian u32 length, then that many bytes: an op byte and
 // length-prefixed (u32) strings. Ops: 'H' hello(token) -> 'O' | 'E'; 'S' set(key, value) -> 'O';
-// 'G' get(key) -> 'V' value, sent once the key exists; 'A' add(key, delta as decimal text) -> 'V' new value.
+// 'G' get(key) -> 'V' value, sent once the key exists; 'T' try_get(key) -> 'V' value | 'N'; 'A' add(key, delta
+// as decimal text) -> 'V' new value; 'R' register(rank) -> 'O'; 'Q' leave -> 'O'.
+//
+// Liveness: a rank registers its connection ('R'); if that connection closes without 'Q' (the process died),
+// the server appends the rank to the key kDeadRanksKey, so peers stuck waiting on it can name it at once.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "comm/transport/transport.h"
 
 namespace h2 {
 
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+inline constexpr const char* kDeadRanksKey = "h2/dead";  // "3,5,": ranks whose connection died
 
 class StoreServer {
  public:
@@ -49,11 +56,16 @@ class StoreClient {
   StoreClient& operator=(const StoreClient&) = delete;
 
   void set(const std::string& key, const std::string& value);
-  std::string get(const std::string& key);  // waits until some rank sets the key
+  std::string get(const std::string& key);                     // waits until some rank sets the key
+  std::optional<std::string> try_get(const std::string& key);  // never waits
   int64_t add(const std::string& key, int64_t delta);
+  // This connection is rank `rank`'s lifeline: closing it without leave() marks the rank dead.
+  void register_rank(int rank);
+  void leave();
+  std::vector<int> dead_ranks();  // ranks whose lifeline closed without leave(), in order of death
 
  private:
-  std::string call(char op, const std::string& a, const std::string& b, const std::string& what);
+  std::optional<std::string> call(char op, const std::string& a, const std::string& b, const std::string& what);
   std::string where_;
   int fd_ = -1;
   std::chrono::milliseconds timeout_;

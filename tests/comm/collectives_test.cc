@@ -5,7 +5,9 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/tensor_comm.h"
 #include "comm/transport/inproc/transport.h"
+#include "device/device.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -158,6 +160,67 @@ TEST(PointToPoint, TaggedMessagesMatchByTag) {
     }
   });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(Collectives, HierarchicalOnlyWhenHostsAreManyAndEven) {
+  // 6 ranks on 3 hosts of 2: hierarchical, exact sums; 3 ranks on hosts of 2 and 1: flat ring.
+  for (const auto& [n, per_host, expect] : {std::tuple{6, 2, "hierarchical"}, std::tuple{3, 2, "ring"}}) {
+    const auto errors = run_ranks(n, [&, n = n, per_host = per_host, expect = expect](Communicator& c) {
+      c.set_hosts(cat("host", c.rank() / per_host));
+      std::vector<float> v(100003);
+      for (size_t i = 0; i < v.size(); ++i) v[i] = value(c.rank(), i);
+      c.all_reduce(v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+      ASSERT_STREQ(c.last_algorithm(), expect);
+      for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<float>(n * (n + 1) / 2 * (i % 7 + 1)));
+    });
+    for (const std::string& e : errors) ASSERT_EQ(e, "");
+  }
+}
+
+TEST(Collectives, WorkBuffersAreReusedAcrossCalls) {
+  const auto errors = run_ranks(4, [](Communicator& c) {
+    std::vector<bf16_t> v(1 << 16, f32_to_bf16(1.0f));
+    c.all_reduce(v.data(), v.size(), DType::kBF16, ReduceOp::kSum);
+    const int64_t after_first = c.buffer_growths();
+    for (int i = 0; i < 5; ++i) c.all_reduce(v.data(), v.size(), DType::kBF16, ReduceOp::kSum);
+    ASSERT_EQ(c.buffer_growths(), after_first);  // no allocation per call once the buffers fit
+    ASSERT_EQ(bf16_to_f32(v[0]), 4096.0f);       // 4^6
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+}
+
+// A device whose memory the host must not touch directly: TensorComm has to stage through host buffers.
+class OpaqueDevice final : public Device {
+ public:
+  explicit OpaqueDevice(int index) : Device(props(index)) {}
+  const Kernels& kernels() const override { throw Error(ErrorCode::kUnsupported, "no kernels"); }
+
+ private:
+  static DeviceProps props(int index) {
+    DeviceProps p;
+    p.name = cat("opaque:", index);
+    p.backend = "test";
+    p.mem_capacity_bytes = 1 << 20;
+    p.host_addressable = false;
+    return p;
+  }
+};
+
+TEST(TensorComm, StagesTensorsOfOpaqueDevicesAndCountsTheBytes) {
+  const auto errors = run_ranks(2, [](Communicator& c) {
+    OpaqueDevice device(c.rank());
+    TensorComm tc(c);
+    Tensor t = device.empty(DType::kF32, Shape{{1000}});
+    std::vector<float> host(1000, static_cast<float>(c.rank() + 1));
+    device.copy_h2d(t.data(), host.data(), t.bytes());
+    tc.all_reduce(t, ReduceOp::kSum);  // 4000 bytes out, 4000 back
+    if (c.rank() == 0) tc.send(t, 1, 7);
+    if (c.rank() == 1) tc.recv(t, 0, 7);
+    device.copy_d2h(host.data(), t.data(), t.bytes());
+    for (float x : host) ASSERT_EQ(x, 3.0f);
+    ASSERT_EQ(tc.staged_bytes(), 3 * 4000);
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
 }
 
 }  // namespace

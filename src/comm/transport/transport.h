@@ -29,6 +29,10 @@ class Request {
   virtual bool test() = 0;  // true once complete; never blocks
 };
 
+// Tags are below 2^kTagBits, so that a transport whose matching ignores the source (UCX) can put the source
+// rank in the bits above.
+inline constexpr int kTagBits = 48;
+
 class Transport {
  public:
   virtual ~Transport() = default;

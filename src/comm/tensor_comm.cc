@@ -1,0 +1,46 @@
+// TensorComm: direct or staged communication of device tensors.
+#include "comm/tensor_comm.h"
+
+#include "device/device.h"
+
+namespace h2 {
+
+void* TensorComm::host_view(const Tensor& t, bool fill) {
+  if (t.device().props().host_addressable) return t.data();
+  if (staging_.size() < t.bytes()) staging_.resize(t.bytes());
+  if (fill) {
+    t.device().copy_d2h(staging_.data(), t.data(), t.bytes());
+    t.device().synchronize();
+    staged_bytes_ += static_cast<int64_t>(t.bytes());
+  }
+  return staging_.data();
+}
+
+void TensorComm::write_back(const Tensor& t, void* host) {
+  if (host == t.data()) return;
+  t.device().copy_h2d(t.data(), host, t.bytes());
+  t.device().synchronize();
+  staged_bytes_ += static_cast<int64_t>(t.bytes());
+}
+
+void TensorComm::all_reduce(Tensor& t, ReduceOp op) {
+  t.device().synchronize();  // the kernels that produced t have finished
+  void* host = host_view(t, true);
+  comm_.all_reduce(host, static_cast<size_t>(t.numel()), t.dtype(), op);
+  write_back(t, host);
+}
+
+void TensorComm::send(const Tensor& t, int peer, uint32_t tag) {
+  t.device().synchronize();
+  auto request = comm_.isend(host_view(t, true), t.bytes(), peer, tag);
+  comm_.wait_request(*request, "send", peer);
+}
+
+void TensorComm::recv(Tensor& t, int peer, uint32_t tag) {
+  void* host = host_view(t, false);
+  auto request = comm_.irecv(host, t.bytes(), peer, tag);
+  comm_.wait_request(*request, "recv", peer);
+  write_back(t, host);
+}
+
+}  // namespace h2

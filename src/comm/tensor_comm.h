@@ -1,0 +1,38 @@
+// Tensors through a communicator, whatever device holds them (DESIGN.md, "comm"). A device whose memory the
+// host can address (ref, cpu, emu) is sent from and received into directly. Any other device's tensor is
+// staged: copied into a persistent host buffer (grown, never allocated per call), moved, and copied back; the
+// staged bytes are counted so that a benchmark or a log can report the staging traffic.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/tensor.h"
+
+namespace h2 {
+
+class TensorComm {
+ public:
+  explicit TensorComm(Communicator& comm) : comm_(comm) {}
+  Communicator& comm() { return comm_; }
+
+  // f32 or bf16, in place.
+  void all_reduce(Tensor& t, ReduceOp op);
+  // Blocking point-to-point with the communicator's timeout; the receiving tensor has the sent size.
+  void send(const Tensor& t, int peer, uint32_t tag);
+  void recv(Tensor& t, int peer, uint32_t tag);
+
+  int64_t staged_bytes() const { return staged_bytes_; }  // device <-> host staging traffic so far
+
+ private:
+  // The host address to communicate `t` from: its own memory, or the staging buffer filled from it.
+  void* host_view(const Tensor& t, bool fill);
+  void write_back(const Tensor& t, void* host);
+
+  Communicator& comm_;
+  std::vector<char> staging_;
+  int64_t staged_bytes_ = 0;
+};
+
+}  // namespace h2

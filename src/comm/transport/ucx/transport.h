@@ -1,0 +1,32 @@
+// The UCX transport (DESIGN.md, "comm"): one UCP worker per rank, tagged messages through UCX's tag-matching
+// API, which picks shared memory between ranks of one host and TCP (or verbs, where the hardware exists) across
+// hosts. Worker addresses are exchanged through the rendezvous store; endpoints are created on first send.
+//
+// UCX matches a receive by tag only, so the sender puts its rank in the tag's top 16 bits (transport tags have
+// kTagBits = 48 bits). Waiting does not busy-spin: after progress finds nothing, the worker is armed and the
+// thread sleeps on UCX's event descriptor (UCP_FEATURE_WAKEUP). While it waits, it asks the store every
+// `liveness_interval` which ranks have died, so a receive from a dead rank fails at once with its name instead
+// of at the timeout.
+//
+// One thread per transport (UCS_THREAD_MODE_SINGLE): a rank drives its own communication.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "comm/store.h"
+#include "comm/transport/transport.h"
+
+namespace h2 {
+
+struct UcxOptions {
+  std::chrono::milliseconds liveness_interval{500};
+};
+
+// Collective over all `size` ranks: publishes this rank's worker address in `store`, registers this rank's
+// lifeline with it, and returns once the transport can send (endpoints are made lazily). Throws CommError when
+// UCX cannot start (the message includes UCX's status text).
+std::shared_ptr<Transport> make_ucx_transport(int rank, int size, std::shared_ptr<StoreClient> store,
+                                              UcxOptions options = {});
+
+}  // namespace h2

@@ -1,0 +1,118 @@
+// One rank of a multi-process DiComm test (tests/comm/process_test.cc and tests/comm/two_hosts.sh start it):
+// joins the job from the environment (H2_RANK, ... as h2 launch sets them) and runs one scenario.
+//   comm_worker collectives  every collective, counts 0, 1, odd, 1 MiB, exact values; then tagged p2p; prints
+//                            "ok" and the algorithm of the large all-reduce. With H2_HOST_ID set, hierarchical.
+//   comm_worker kill         all-reduces in a loop; rank 1 kills itself in the third. The others must fail with
+//                            an error naming rank 1: exit 3 when they do, 4 when the error names no rank 1.
+// Exit 1 on a wrong value, with the first mismatch on stderr.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "comm/job.h"
+
+namespace {
+
+using h2::DType;
+using h2::ReduceOp;
+
+float value(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1)); }
+
+#define EXPECT_VALUE(got, want, what)                                                                    \
+  do {                                                                                                   \
+    if ((got) != (want)) {                                                                               \
+      std::fprintf(stderr, "rank %d: %s: got %g, want %g\n", c.rank(), what, double(got), double(want)); \
+      return 1;                                                                                          \
+    }                                                                                                    \
+  } while (0)
+
+int collectives(h2::Job& job) {
+  h2::Communicator& c = *job.world;
+  if (std::getenv("H2_HOST_ID") != nullptr) c.set_hosts(job.host);
+  const int n = c.size();
+  const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+  std::string large_algorithm;
+  for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{1} << 18}) {
+    std::vector<float> sum(count), avg(count), max(count);
+    std::vector<h2::bf16_t> half(count);
+    for (size_t i = 0; i < count; ++i) {
+      sum[i] = avg[i] = max[i] = value(c.rank(), i);
+      half[i] = h2::f32_to_bf16(value(c.rank(), i));
+    }
+    c.all_reduce(sum.data(), count, DType::kF32, ReduceOp::kSum);
+    if (count > 1001) large_algorithm = c.last_algorithm();
+    c.all_reduce(avg.data(), count, DType::kF32, ReduceOp::kAvg);
+    c.all_reduce(max.data(), count, DType::kF32, ReduceOp::kMax);
+    c.all_reduce(half.data(), count, DType::kBF16, ReduceOp::kSum);
+    for (size_t i = 0; i < count; ++i) {
+      const float unit = static_cast<float>(i % 7 + 1);
+      EXPECT_VALUE(sum[i], ranks_sum * unit, "all_reduce sum");
+      EXPECT_VALUE(avg[i], ranks_sum * unit / static_cast<float>(n), "all_reduce avg");
+      EXPECT_VALUE(max[i], static_cast<float>(n) * unit, "all_reduce max");
+      EXPECT_VALUE(h2::bf16_to_f32(half[i]), ranks_sum * unit, "all_reduce bf16");
+    }
+    std::vector<float> in(count * static_cast<size_t>(n)), out(count), all(count * static_cast<size_t>(n));
+    for (size_t i = 0; i < in.size(); ++i) in[i] = value(c.rank(), i);
+    c.reduce_scatter(out.data(), in.data(), count, DType::kF32, ReduceOp::kSum);
+    for (size_t i = 0; i < count; ++i) {
+      const size_t global = static_cast<size_t>(c.rank()) * count + i;
+      EXPECT_VALUE(out[i], ranks_sum * static_cast<float>(global % 7 + 1), "reduce_scatter");
+    }
+    std::vector<float> mine(count);
+    for (size_t i = 0; i < count; ++i) mine[i] = value(c.rank(), i);
+    c.all_gather(all.data(), mine.data(), count, DType::kF32);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < count; ++i)
+        EXPECT_VALUE(all[static_cast<size_t>(r) * count + i], value(r, i), "all_gather");
+    }
+    std::vector<float> b(count, c.rank() == n - 1 ? 3.0f : -1.0f);
+    c.broadcast(b.data(), count, DType::kF32, n - 1);
+    for (float x : b) EXPECT_VALUE(x, 3.0f, "broadcast");
+  }
+  // Tagged point-to-point around the ring, two tags posted in reverse order: matching is by tag.
+  float out_a = static_cast<float>(c.rank()), out_b = static_cast<float>(100 + c.rank()), in_a = -1, in_b = -1;
+  const int right = (c.rank() + 1) % n, left = (c.rank() + n - 1) % n;
+  auto rb = c.irecv(&in_b, 4, left, 2);
+  auto ra = c.irecv(&in_a, 4, left, 1);
+  auto sa = c.isend(&out_a, 4, right, 1);
+  auto sb = c.isend(&out_b, 4, right, 2);
+  for (auto* r : {&ra, &rb, &sa, &sb}) (*r)->wait(c.options().timeout);
+  EXPECT_VALUE(in_a, static_cast<float>(left), "p2p tag 1");
+  EXPECT_VALUE(in_b, static_cast<float>(100 + left), "p2p tag 2");
+  c.barrier();
+  std::printf("ok rank %d of %d, large all-reduce: %s\n", c.rank(), n, large_algorithm.c_str());
+  return 0;
+}
+
+int kill(h2::Job& job) {
+  h2::Communicator& c = *job.world;
+  std::vector<float> v(1 << 18, 1.0f);
+  try {
+    for (int i = 0; i < 1000; ++i) {
+      if (i == 3 && c.rank() == 1) std::raise(SIGKILL);
+      c.all_reduce(v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+    }
+  } catch (const h2::CommError& e) {
+    std::fprintf(stderr, "rank %d: %s\n", c.rank(), e.what());
+    return std::string(e.what()).find("rank 1 died") != std::string::npos ? 3 : 4;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    auto job = h2::join_job(h2::job_env());
+    if (mode == "collectives") return collectives(*job);
+    if (mode == "kill") return kill(*job);
+    std::fprintf(stderr, "usage: comm_worker collectives|kill\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comm_worker: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,107 @@
+// DiComm across processes over UCX: 2-4 ranks started as separate processes (tests/comm/comm_worker.cc checks
+// exact values in each), hierarchical all-reduce when ranks claim different hosts, and a rank killed in the
+// middle of an all-reduce, which the others must report by rank within the timeout.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "model/test_data.h"
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct RankResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Starts `n` comm_worker processes with the rendezvous variables set (as h2 launch does) plus `env(rank)`, waits
+// up to 120 s for all of them and returns what each printed and how it ended.
+std::vector<RankResult> run_ranks(int n, const std::string& mode,
+                                  const std::function<std::map<std::string, std::string>(int)>& env = nullptr) {
+  static int port = 31000 + static_cast<int>(::getpid() % 2000) * 8;
+  port += 1;
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  for (int r = 0; r < n; ++r) {
+    logs.push_back(testing_util::temp_path(cat("rank", r, "_", port, ".log")));
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const int fd = ::open(logs.back().c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::setenv("H2_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("H2_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("H2_MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("H2_MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("H2_JOB_TOKEN", "test-token", 1);
+      ::setenv("H2_COMM_TIMEOUT_MS", "20000", 1);
+      if (env) {
+        for (const auto& [k, v] : env(r)) ::setenv(k.c_str(), v.c_str(), 1);
+      }
+      ::execl(H2_COMM_WORKER, H2_COMM_WORKER, mode.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<RankResult> out(static_cast<size_t>(n));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (int r = 0; r < n; ++r) {
+    int status = 0;
+    while (::waitpid(pids[static_cast<size_t>(r)], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) ::kill(pids[static_cast<size_t>(r)], SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    auto& res = out[static_cast<size_t>(r)];
+    res.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::ifstream in(logs[static_cast<size_t>(r)]);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    res.output = ss.str();
+    ::unlink(logs[static_cast<size_t>(r)].c_str());
+  }
+  return out;
+}
+
+TEST(UcxProcesses, EveryCollectiveExactOn2To4Ranks) {
+  for (int n = 2; n <= 4; ++n) {
+    const auto results = run_ranks(n, "collectives");
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << "n=" << n << " rank " << r << ":\n"
+                                                              << results[static_cast<size_t>(r)].output;
+      EXPECT_THAT(results[static_cast<size_t>(r)].output, HasSubstr("large all-reduce: ring"));
+    }
+  }
+}
+
+TEST(UcxProcesses, HierarchicalAllReduceAcrossTwoClaimedHosts) {
+  const auto results = run_ranks(4, "collectives", [](int rank) {
+    return std::map<std::string, std::string>{{"H2_HOST_ID", rank < 2 ? "host-a" : "host-b"}};
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << results[static_cast<size_t>(r)].output;
+    EXPECT_THAT(results[static_cast<size_t>(r)].output, HasSubstr("large all-reduce: hierarchical"));
+  }
+}
+
+TEST(UcxProcesses, KilledRankIsNamedByTheOthers) {
+  const auto results = run_ranks(4, "kill");
+  EXPECT_EQ(results[1].exit_code, 128 + SIGKILL);
+  for (int r : {0, 2, 3}) {
+    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 3) << "rank " << r << ":\n"
+                                                            << results[static_cast<size_t>(r)].output;
+    EXPECT_THAT(results[static_cast<size_t>(r)].output, HasSubstr("rank 1 died"));
+  }
+}
+
+}  // namespace
+}  // namespace h2
