@@ -18,5 +18,7 @@ void register_train(CLI::App& app, Command& selected);
 void register_plan(CLI::App& app, Command& selected);
 // `h2 launch`.
 void register_launch(CLI::App& app, Command& selected);
+// `h2 bench comm`.
+void register_bench(CLI::App& app, Command& selected);
 
 }  // namespace h2::cli

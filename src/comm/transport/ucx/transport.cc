@@ -4,6 +4,7 @@
 #include "comm/transport/ucx/transport.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -53,9 +54,6 @@ class UcxTransport final : public Transport {
     if (size > (1 << (64 - kTagBits))) {
       throw CommError(cat("UCX transport: ", size, " ranks do not fit the tag's ", 64 - kTagBits, " source bits"));
     }
-    // UCX's own warnings at teardown after a peer died repeat what our error already says; UCX_LOG_LEVEL set by
-    // the user still wins.
-    ::setenv("UCX_LOG_LEVEL", "error", 0);
     ucp_config_t* config = nullptr;
     check(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration (UCX_* variables)");
     ucp_params_t params{};
@@ -139,9 +137,15 @@ class UcxTransport final : public Transport {
 
   ucp_worker_h worker() const { return worker_; }
 
-  // Progresses the worker, then sleeps on its event descriptor for at most `most` (unless events are pending).
-  void progress_or_sleep(std::chrono::milliseconds most) {
+  // Progresses the worker; when nothing happens for options.spin, arms it and sleeps on its event descriptor for
+  // at most `most`. While spinning, the thread yields between progress calls, so ranks that outnumber the cores
+  // share them instead of burning each other's time slices.
+  void progress_or_sleep(std::chrono::steady_clock::time_point idle_since, std::chrono::milliseconds most) {
     if (ucp_worker_progress(worker_) != 0) return;
+    if (std::chrono::steady_clock::now() - idle_since < options_.spin) {
+      sched_yield();
+      return;
+    }
     const ucs_status_t armed = ucp_worker_arm(worker_);
     if (armed == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress again
     check(armed, "ucp_worker_arm");
@@ -266,7 +270,8 @@ void UcxRequest::wait(std::chrono::milliseconds timeout) {
       const std::string dead = transport_->dead_peers_note();
       if (!dead.empty()) throw CommError(cat("rank ", transport_->rank(), ": ", describe(), " abandoned: ", dead));
     }
-    transport_->progress_or_sleep(std::min(transport_->liveness_interval(),
+    transport_->progress_or_sleep(start,
+                                  std::min(transport_->liveness_interval(),
                                            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now)));
   }
 }

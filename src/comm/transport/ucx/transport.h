@@ -3,10 +3,10 @@
 // hosts. Worker addresses are exchanged through the rendezvous store; endpoints are created on first send.
 //
 // UCX matches a receive by tag only, so the sender puts its rank in the tag's top 16 bits (transport tags have
-// kTagBits = 48 bits). Waiting does not busy-spin: after progress finds nothing, the worker is armed and the
-// thread sleeps on UCX's event descriptor (UCP_FEATURE_WAKEUP). While it waits, it asks the store every
-// `liveness_interval` which ranks have died, so a receive from a dead rank fails at once with its name instead
-// of at the timeout.
+// kTagBits = 48 bits). Waiting does not busy-spin: it polls for at most options.spin, yielding the core between
+// polls, then arms the worker and sleeps on UCX's event descriptor (UCP_FEATURE_WAKEUP). While it waits, it asks the
+// store every `liveness_interval` which ranks have died, so a receive from a dead rank fails at once with its name
+// instead of at the timeout.
 //
 // One thread per transport (UCS_THREAD_MODE_SINGLE): a rank drives its own communication.
 #pragma once
@@ -21,6 +21,9 @@ namespace h2 {
 
 struct UcxOptions {
   std::chrono::milliseconds liveness_interval{500};
+  // How long a wait polls (yielding the core between polls) before it sleeps on the event descriptor: long
+  // enough to catch the next step of a collective without a wake-up, short enough to leave an idle rank asleep.
+  std::chrono::microseconds spin{500};
 };
 
 // Collective over all `size` ranks: publishes this rank's worker address in `store`, registers this rank's
