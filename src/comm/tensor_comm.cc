@@ -23,7 +23,7 @@ void TensorComm::write_back(const Tensor& t, void* host) {
   staged_bytes_ += static_cast<int64_t>(t.bytes());
 }
 
-void TensorComm::all_reduce(Tensor& t, ReduceOp op) {
+void TensorComm::all_reduce(const Tensor& t, ReduceOp op) {
   t.device().synchronize();  // the kernels that produced t have finished
   void* host = host_view(t, true);
   comm_.all_reduce(host, static_cast<size_t>(t.numel()), t.dtype(), op);
@@ -36,7 +36,16 @@ void TensorComm::send(const Tensor& t, int peer, uint32_t tag) {
   comm_.wait_request(*request, "send", peer);
 }
 
-void TensorComm::recv(Tensor& t, int peer, uint32_t tag) {
+std::unique_ptr<Request> TensorComm::isend(const Tensor& t, int peer, uint32_t tag) {
+  if (!t.device().props().host_addressable) {
+    send(t, peer, tag);  // the staging buffer is reused by the next call: finish this one now
+    return nullptr;
+  }
+  t.device().synchronize();
+  return comm_.isend(t.data(), t.bytes(), peer, tag);
+}
+
+void TensorComm::recv(const Tensor& t, int peer, uint32_t tag) {
   void* host = host_view(t, false);
   auto request = comm_.irecv(host, t.bytes(), peer, tag);
   comm_.wait_request(*request, "recv", peer);

@@ -18,10 +18,12 @@ class TensorComm {
   Communicator& comm() { return comm_; }
 
   // f32 or bf16, in place.
-  void all_reduce(Tensor& t, ReduceOp op);
-  // Blocking point-to-point with the communicator's timeout; the receiving tensor has the sent size.
+  void all_reduce(const Tensor& t, ReduceOp op);
+  // Point-to-point with the communicator's timeout; the receiving tensor has the sent size. isend returns the
+  // request to wait on, or nullptr when the tensor had to be staged (then the send has completed).
   void send(const Tensor& t, int peer, uint32_t tag);
-  void recv(Tensor& t, int peer, uint32_t tag);
+  std::unique_ptr<Request> isend(const Tensor& t, int peer, uint32_t tag);
+  void recv(const Tensor& t, int peer, uint32_t tag);
 
   int64_t staged_bytes() const { return staged_bytes_; }  // device <-> host staging traffic so far
 
