@@ -4,6 +4,10 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+#include <vector>
+
+#include "planner/plan.h"
 
 namespace h2::cli {
 
@@ -16,6 +20,15 @@ void register_devices(CLI::App& app, Command& selected);
 void register_train(CLI::App& app, Command& selected);
 // `h2 plan`, `h2 simulate`.
 void register_plan(CLI::App& app, Command& selected);
+void print_plan(const Plan& plan);
+// `h2 train --cluster`: plans, launches one rank per device, merges their outputs (hetero_train_cmd.cc).
+struct HeteroTrainCmd {
+  std::string config, cluster, model, train, plan;
+  std::vector<std::string> overrides;
+  bool quiet = false;
+  bool as_rank = false;  // internal: this process is one rank of the job the driver launched
+};
+int run_hetero_train(const HeteroTrainCmd& cmd);
 // `h2 launch`.
 void register_launch(CLI::App& app, Command& selected);
 // `h2 bench comm`.

@@ -16,6 +16,8 @@ std::string gib(double bytes) {
   return buf;
 }
 
+}  // namespace
+
 void print_plan(const Plan& p) {
   std::printf("plan: model '%s' on cluster '%s': %d pipeline(s) x %zu stages, micro-batch %d x %d per pipeline\n",
               p.model.c_str(), p.cluster.c_str(), p.dp, p.stages.size(), p.micro_batch, p.num_micro_batches);
@@ -37,6 +39,8 @@ void print_plan(const Plan& p) {
               p.tokens_per_s, 100 * p.mfu, 100 * p.bubble_fraction, p.devices_used, p.devices_total);
   std::printf("limited by: %s\nwhy: %s\n", p.limited_by.c_str(), p.why.c_str());
 }
+
+namespace {
 
 struct Inputs {
   Cluster cluster;

@@ -154,7 +154,24 @@ void register_train(CLI::App& app, Command& selected) {
   tr->add_flag("--resume", to->resume, "continue from the newest checkpoint in train.out_dir");
   tr->add_option("--resume-from", to->resume_from, "continue from this checkpoint folder");
   tr->add_flag("--quiet", to->quiet, "no progress lines");
-  tr->callback([to, &selected] {
+  auto ho = std::make_shared<HeteroTrainCmd>();
+  tr->add_option("--cluster", ho->cluster,
+                 "train across this cluster's devices: plan, then one process per device (emulated chips here)");
+  tr->add_option("--model", ho->model, "with --cluster: the planner's model file (replaces the config's model)");
+  tr->add_option("--train", ho->train, "with --cluster: the planner's train setup (global batch, zero1, ...)");
+  tr->add_option("--plan", ho->plan, "with --cluster: run this plan.json instead of planning");
+  tr->add_flag("--as-rank", ho->as_rank, "internal: run one rank of a --cluster job")->group("");
+  tr->callback([to, ho, &selected] {
+    if (!ho->cluster.empty()) {
+      ho->config = to->config;
+      ho->overrides = to->overrides;
+      ho->quiet = to->quiet;
+      selected = [ho] { return run_hetero_train(*ho); };
+      return;
+    }
+    if (!ho->model.empty() || !ho->train.empty() || !ho->plan.empty()) {
+      throw CLI::ValidationError("--model, --train and --plan", "need --cluster");
+    }
     selected = [to] {
       ConfigNode root = ConfigNode::load_file(to->config);
       for (const std::string& o : to->overrides) root.apply_override(o);

@@ -1,6 +1,7 @@
 // The stage runner: action interpreter, gradient reduction (plain or ZeRO-1) and the optimizer step.
 #include "pipeline/runtime.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "ops/ops.h"
@@ -8,6 +9,10 @@
 
 namespace h2 {
 namespace {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 uint32_t activation_tag(int m) { return static_cast<uint32_t>(2 * m); }
 uint32_t gradient_tag(int m) { return static_cast<uint32_t>(2 * m + 1); }
@@ -105,6 +110,7 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
   holds_ = -1;
   for (const Action& a : schedule.actions[static_cast<size_t>(rank)]) {
     const size_t m = static_cast<size_t>(a.micro_batch);
+    const double t0 = on_action ? seconds_now() : 0;
     switch (a.type) {
       case ActionType::kRecvF:
         pipe_.recv(stash_[m], stage_ - 1, activation_tag(a.micro_batch));
@@ -135,6 +141,10 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
       case ActionType::kOptim:
         optimize(hp);
         break;
+    }
+    if (on_action) {
+      device_.synchronize();
+      on_action(a, t0, seconds_now());
     }
   }
   for (auto& request : sends_) {

@@ -62,6 +62,8 @@ class StageRunner {
   // Runs one training step: this rank's actions of `schedule` (lowered, with gradient reduction). Returns the
   // step's mean loss, known on every rank (broadcast from the last stage).
   float step(const Schedule& schedule, const Batch& batch, const AdamwParams& hp);
+  // Called after each action with its start and end (seconds, steady clock): for the measured trace.
+  std::function<void(const Action&, double, double)> on_action;
   double last_grad_norm() const { return grad_norm_; }
 
  private:

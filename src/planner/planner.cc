@@ -115,6 +115,7 @@ std::vector<int> tp_options(const CostModel& c, int chip) {
   std::vector<int> out;
   const NodeGroup& g = c.cluster().group_of(chip);
   for (int t = 1; t <= g.chips_per_node; t *= 2) {
+    if (c.train().max_tp > 0 && t > c.train().max_tp) break;
     if (c.model().heads % t == 0 && c.model().kv_heads % t == 0) out.push_back(t);
   }
   return out;

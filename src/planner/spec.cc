@@ -159,7 +159,7 @@ TransformerShape load_model(const ConfigNode& root) {
 }
 
 TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape&) {
-  root.allow_only({"global_batch", "precision", "recompute", "zero1", "micro_batches"});
+  root.allow_only({"global_batch", "precision", "recompute", "zero1", "micro_batches", "max_tp"});
   TrainSetup t;
   t.global_batch = positive_int(root, "global_batch");
   const std::string precision = root.get<std::string>("precision", "bf16");
@@ -181,6 +181,8 @@ TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape&) {
     if (t.allowed_recompute.empty()) r->fail("allows no recomputation choice; list at least 'none'");
   }
   t.zero1 = root.get<bool>("zero1", t.zero1);
+  t.max_tp = static_cast<int>(root.get<int64_t>("max_tp", 0));
+  if (t.max_tp < 0) root.at("max_tp").fail("must be >= 0 (0 = any tensor-parallel degree)");
   if (auto mb = root.find("micro_batches")) {
     t.micro_batches.clear();
     for (const ConfigNode& item : mb->items()) {

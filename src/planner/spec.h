@@ -68,6 +68,7 @@ struct TrainSetup {
   std::vector<Recompute> allowed_recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   bool zero1 = true;  // shard the fp32 master weights and Adam moments across data-parallel ranks
   std::vector<int> micro_batches = {1, 2, 4, 8};  // micro-batch sizes the search may use
+  int max_tp = 0;                                 // the largest tensor-parallel degree allowed; 0 = any
 };
 
 Cluster load_cluster(const ConfigNode& root);

@@ -1,0 +1,119 @@
+// `h2 train --cluster C [--model M] [--train T] [--plan P]`: the driver plans (or loads P), writes plan.json into
+// the run's out_dir, starts one rank per device (`h2 train ... --as-rank` under h2 launch's machinery, which
+// names a failed rank and stops the others), then merges the measured trace, writes the simulator's prediction
+// beside it and reports measured against predicted step time.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "comm/job.h"
+#include "comm/launch.h"
+#include "core/config.h"
+#include "core/file.h"
+#include "pipeline/hetero_train.h"
+#include "planner/planner.h"
+
+namespace h2::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::atomic<bool> g_stop{false};
+void request_stop(int) { g_stop = true; }
+
+// What driver and ranks both derive from the same files: the training config with the model of the model file
+// and the batch of the train setup, the cluster, and the setup.
+struct Inputs {
+  HeteroRun run;
+  TransformerShape shape;
+  TrainSetup setup;
+};
+
+Inputs load(const HeteroTrainCmd& cmd) {
+  Inputs in;
+  ConfigNode root = ConfigNode::load_file(cmd.config);
+  for (const std::string& o : cmd.overrides) root.apply_override(o);
+  in.run.config = TrainConfig::from_config(root);
+  in.run.cluster = load_cluster(ConfigNode::load_file(cmd.cluster));
+  if (!cmd.model.empty()) {
+    in.shape = load_model(ConfigNode::load_file(cmd.model));
+    in.run.config.model = gpt_config_of(in.shape);
+  } else {
+    in.shape = in.run.config.model.shape();
+  }
+  in.run.config.seq_len = in.shape.seq_len;
+  if (!cmd.train.empty()) {
+    in.setup = load_train_setup(ConfigNode::load_file(cmd.train), in.shape);
+  } else {
+    in.setup.global_batch = in.run.config.batch_size;
+    in.setup.zero1 = false;
+  }
+  if (in.setup.max_tp == 0) in.setup.max_tp = 1;  // the runtime has no tensor parallelism yet
+  in.run.config.batch_size = static_cast<int>(in.setup.global_batch);
+  in.run.zero1 = in.setup.zero1;
+  return in;
+}
+
+std::vector<std::string> rank_command(const HeteroTrainCmd& cmd, const std::string& plan_path) {
+  std::vector<std::string> out = {fs::read_symlink("/proc/self/exe").string(),
+                                  "train",
+                                  "--as-rank",
+                                  "--config",
+                                  cmd.config,
+                                  "--cluster",
+                                  cmd.cluster,
+                                  "--plan",
+                                  plan_path};
+  if (!cmd.model.empty()) out.insert(out.end(), {"--model", cmd.model});
+  if (!cmd.train.empty()) out.insert(out.end(), {"--train", cmd.train});
+  for (const std::string& o : cmd.overrides) out.insert(out.end(), {"--set", o});
+  if (cmd.quiet) out.push_back("--quiet");
+  return out;
+}
+
+}  // namespace
+
+int run_hetero_train(const HeteroTrainCmd& cmd) {
+  Inputs in = load(cmd);
+  if (cmd.as_rank) {
+    in.run.plan = load_plan(cmd.plan);
+    std::signal(SIGINT, request_stop);
+    std::signal(SIGTERM, request_stop);
+    auto job = join_job(job_env());
+    const RankOutcome r = run_rank(in.run, *job, cmd.quiet, &g_stop);
+    return r.interrupted ? 130 : 0;
+  }
+  const CostModel costs(in.run.cluster, in.shape, in.setup);
+  if (cmd.plan.empty()) {
+    in.run.plan = plan_training(costs, PlannerOptions{});
+    in.run.plan.model = cmd.model.empty() ? cmd.config : cmd.model;
+  } else {
+    in.run.plan = load_plan(cmd.plan);
+  }
+  print_plan(in.run.plan);
+  const int ranks = static_cast<int>(in.run.plan.stages.size()) * in.run.plan.dp;
+  fs::create_directories(in.run.config.out_dir);
+  const std::string plan_path = (fs::path(in.run.config.out_dir) / "plan.json").string();
+  save_plan(in.run.plan, plan_path);
+  std::printf("launching %d ranks (one per device; emulated chips on this host); outputs in %s\n", ranks,
+              in.run.config.out_dir.c_str());
+  std::fflush(stdout);
+  LaunchOptions options;
+  options.ranks = ranks;
+  const LaunchResult result = launch(rank_command(cmd, plan_path), options);
+  if (result.exit_code != 0) return result.exit_code;
+  const double ratio = finish_run(in.run, ranks);
+  const nlohmann::json summary =
+      nlohmann::json::parse(read_file((fs::path(in.run.config.out_dir) / "summary.json").string()));
+  std::printf(
+      "done: measured step %.3f s, %.0f tokens/s; simulated %.3f s (measured / simulated %.2f); planned %.0f "
+      "tokens/s\ntraces: %s/trace_measured.json beside trace_predicted.json\n",
+      summary["measured_step_s"].get<double>(), summary["measured_tokens_per_s"].get<double>(),
+      summary["simulated_step_s"].get<double>(), ratio, summary["planned_tokens_per_s"].get<double>(),
+      in.run.config.out_dir.c_str());
+  return 0;
+}
+
+}  // namespace h2::cli

@@ -1,0 +1,181 @@
+// One rank of `h2 train --cluster`, and the driver's merge of what the ranks wrote.
+#include "pipeline/hetero_train.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/file.h"
+#include "device/registry.h"
+#include "model/dataset.h"
+#include "pipeline/runtime.h"
+#include "sim/simulator.h"
+
+namespace h2 {
+namespace {
+
+namespace fs = std::filesystem;
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+fs::path trace_part(const HeteroRun& run, int rank) {
+  return fs::path(run.config.out_dir) / "trace_parts" / cat("rank_", rank, ".json");
+}
+
+}  // namespace
+
+GptConfig gpt_config_of(const TransformerShape& shape) {
+  GptConfig c{.n_layer = shape.layers,
+              .n_head = shape.heads,
+              .n_embd = shape.hidden,
+              .vocab_size = shape.vocab,
+              .seq_len = shape.seq_len};
+  c.validate();
+  return c;
+}
+
+EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip) {
+  const int index = cluster.chip_index(chip);
+  if (index < 0)
+    throw Error(ErrorCode::kNotFound, cat("the plan's chip type '", chip, "' is not in cluster ", cluster.name));
+  double fastest = 0;
+  for (const ChipType& c : cluster.chips) fastest = std::max(fastest, c.flops_per_second());
+  const ChipType& c = cluster.chips[static_cast<size_t>(index)];
+  return EmuProfile{.chip = c.name,
+                    .speed = c.flops_per_second() / fastest,
+                    .mem_capacity_bytes = static_cast<size_t>(c.memory_bytes()),
+                    .mem_bandwidth_gbps = 0};
+}
+
+RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atomic<bool>* stop_requested) {
+  const TrainConfig& c = run.config;
+  const Plan& plan = run.plan;
+  Communicator& world = *job.world;
+  const StageLayout layout{static_cast<int>(plan.stages.size()), plan.dp};
+  const int rank = world.rank(), stage = rank / layout.dp, replica = rank % layout.dp;
+  StageComms comms = StageComms::split(world, layout);
+  const StagePlan& sp = plan.stages[static_cast<size_t>(stage)];
+  if (sp.tp != 1) {
+    throw Error(ErrorCode::kUnsupported, cat("plan stage ", stage, " uses tensor parallelism (TP ", sp.tp,
+                                             "); the runtime runs TP 1 only so "
+                                             "far: plan with 'max_tp: 1' in the train setup"));
+  }
+  auto device = create_device(DeviceSpec{.backend = "emu", .index = rank, .emu = emu_profile_of(run.cluster, sp.chip)});
+  const GptRange range{sp.embedding, sp.first_layer, sp.first_layer + sp.layers, sp.head};
+  const int B = plan.micro_batch, T = c.model.seq_len, M = plan.num_micro_batches;
+  StageRunner runner(c.model, *device, range, stage, layout, comms, B, T,
+                     OptimOptions{.grad_clip = c.grad_clip, .zero1 = run.zero1});
+  runner.model().init(c.seed);
+  std::unique_ptr<TokenLoader> loader;
+  if (range.embedding || range.head) {
+    loader = std::make_unique<TokenLoader>(expand_glob(c.train_data), B, T, c.seed, true, replica, layout.dp);
+  }
+  const Schedule schedule = add_gradient_reduction(lower_communication(schedule_1f1b(layout.stages, M)));
+  nlohmann::json trace = nlohmann::json::array();
+  runner.on_action = [&](const Action& a, double t0, double t1) {
+    trace.push_back(
+        {{"name", a.str()}, {"ph", "X"}, {"pid", rank}, {"tid", 0}, {"ts", t0 * 1e6}, {"dur", (t1 - t0) * 1e6}});
+  };
+  std::ofstream metrics;
+  if (rank == 0) {
+    fs::create_directories(c.out_dir);
+    metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::trunc);
+  }
+  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(M)), targets(static_cast<size_t>(M));
+  const StageRunner::Batch batch = [&](int m, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
+    tok = tokens[static_cast<size_t>(m)];
+    tgt = targets[static_cast<size_t>(m)];
+  };
+  RankOutcome out;
+  const double tokens_per_step = static_cast<double>(plan.global_batch) * T;
+  double measured = 0;
+  int64_t measured_steps = 0;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    // Every rank stops at the same step: rank 0's wish (or anyone's) is agreed on first.
+    float stop = stop_requested != nullptr && stop_requested->load() ? 1.0f : 0.0f;
+    world.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
+    if (stop > 0) {
+      out.interrupted = true;
+      break;
+    }
+    const double t0 = seconds_now();
+    if (loader) {
+      for (int m = 0; m < M; ++m) loader->next(tokens[static_cast<size_t>(m)], targets[static_cast<size_t>(m)]);
+    }
+    const double lr = learning_rate(c, step);
+    const float loss = runner.step(schedule, batch,
+                                   AdamwParams{.lr = static_cast<float>(lr),
+                                               .beta1 = static_cast<float>(c.beta1),
+                                               .beta2 = static_cast<float>(c.beta2),
+                                               .eps = static_cast<float>(c.eps),
+                                               .weight_decay = static_cast<float>(c.weight_decay),
+                                               .step = step + 1});
+    const double dt = seconds_now() - t0;
+    if (step >= 2) {
+      measured += dt;
+      ++measured_steps;
+    }
+    out.steps_done = step + 1;
+    out.last_loss = loss;
+    if (rank == 0) {
+      metrics << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"grad_norm", runner.last_grad_norm()},
+                                {"lr", lr},         {"step_s", dt}, {"tokens_per_s", tokens_per_step / dt}}
+                     .dump()
+              << "\n";
+      metrics.flush();
+      if (!quiet && ((step + 1) % std::max<int64_t>(1, c.log_every) == 0 || step + 1 == c.steps)) {
+        std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %7.0f tok/s | step %.3f s (plan %.3f s)\n",
+                    static_cast<long long>(step + 1), static_cast<long long>(c.steps), loss, lr,
+                    runner.last_grad_norm(), tokens_per_step / dt, dt, plan.step_s);
+        std::fflush(stdout);
+      }
+    }
+  }
+  out.step_seconds = measured_steps > 0 ? measured / static_cast<double>(measured_steps) : 0;
+  fs::create_directories(trace_part(run, rank).parent_path());
+  write_file_atomic(trace_part(run, rank).string(), trace.dump());
+  if (rank == 0) {
+    write_file_atomic((fs::path(c.out_dir) / "measured.json").string(),
+                      nlohmann::json{{"steps", out.steps_done},
+                                     {"last_loss", out.last_loss},
+                                     {"step_s", out.step_seconds},
+                                     {"tokens_per_s", out.step_seconds > 0 ? tokens_per_step / out.step_seconds : 0}}
+                          .dump(2));
+  }
+  world.barrier();  // nobody tears the job down while a peer still needs it
+  return out;
+}
+
+double finish_run(const HeteroRun& run, int ranks) {
+  const fs::path dir(run.config.out_dir);
+  nlohmann::json events = nlohmann::json::array();
+  for (int r = 0; r < ranks; ++r) {
+    const fs::path part = trace_part(run, r);
+    if (!fs::exists(part)) continue;
+    for (auto& e : nlohmann::json::parse(read_file(part.string()))) events.push_back(e);
+    fs::remove(part);
+  }
+  fs::remove(dir / "trace_parts");
+  write_file_atomic((dir / "trace_measured.json").string(), nlohmann::json{{"traceEvents", events}}.dump());
+  const SimResult sim = simulate(run.plan, SimOptions{});
+  write_file_atomic((dir / "trace_predicted.json").string(), sim.trace_json);
+  const nlohmann::json measured = nlohmann::json::parse(read_file((dir / "measured.json").string()));
+  const double step_s = measured.at("step_s").get<double>();
+  const double ratio = sim.step_s > 0 ? step_s / sim.step_s : 0;
+  write_file_atomic((dir / "summary.json").string(),
+                    nlohmann::json{{"measured_step_s", step_s},
+                                   {"simulated_step_s", sim.step_s},
+                                   {"planned_step_s", run.plan.step_s},
+                                   {"measured_over_simulated", ratio},
+                                   {"measured_tokens_per_s", measured.at("tokens_per_s")},
+                                   {"planned_tokens_per_s", run.plan.tokens_per_s}}
+                        .dump(2));
+  return ratio;
+}
+
+}  // namespace h2

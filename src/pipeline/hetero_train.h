@@ -1,0 +1,51 @@
+// `h2 train --cluster`: training a plan for real (DESIGN.md, "pipeline"). The driver plans (or loads a plan),
+// starts one process per device with h2 launch's machinery, and each process - one rank - runs its stage:
+// its layer range of the GPT on an emulated chip of its stage's type (speed and memory from the cluster file),
+// the 1F1B schedule over DiComm, gradient reduction over its stage's replicas.
+//
+// Outputs in the run's out_dir: plan.json (what ran), metrics.jsonl (rank 0: loss, norm, lr, step time,
+// tokens/s), trace_measured.json (every rank's compute and communication actions, Chrome trace format, one
+// process row per rank) beside trace_predicted.json (the simulator's trace of the same plan), summary.json
+// (measured and predicted step time). Checkpoints: see hetero_checkpoint below.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "comm/job.h"
+#include "planner/plan.h"
+#include "planner/spec.h"
+#include "train/trainer.h"
+
+namespace h2 {
+
+struct HeteroRun {
+  TrainConfig config;  // model, data, optimizer, steps, out_dir (config.device is ignored: the plan decides)
+  Cluster cluster;
+  Plan plan;
+  bool zero1 = false;
+};
+
+// The GPT configuration the planner's model file describes (layers, hidden, heads, vocab, seq_len).
+GptConfig gpt_config_of(const TransformerShape& shape);
+
+// The emulated chip a cluster's chip type becomes on this host: speed relative to the fastest type in the
+// cluster (the fastest runs at this host's speed), its memory, its memory bandwidth.
+EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip);
+
+struct RankOutcome {
+  int64_t steps_done = 0;
+  float last_loss = 0;
+  double step_seconds = 0;  // measured, mean over the steps after the first two (warm-up)
+  bool interrupted = false;
+};
+
+// Runs this rank's part of the plan for config.steps steps. Rank 0 prints progress (unless quiet) and writes
+// metrics; every rank writes its trace part; the caller merges them. Throws CommError naming a failed peer.
+RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atomic<bool>* stop_requested);
+
+// After all ranks ended: merges the per-rank trace parts into trace_measured.json, writes the simulator's
+// prediction as trace_predicted.json and summary.json. Returns the measured over predicted step time.
+double finish_run(const HeteroRun& run, int ranks);
+
+}  // namespace h2
