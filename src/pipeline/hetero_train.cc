@@ -30,11 +30,11 @@ fs::path trace_part(const HeteroRun& run, int rank) {
 }  // namespace
 
 GptConfig gpt_config_of(const TransformerShape& shape) {
-  GptConfig c{.n_layer = shape.layers,
-              .n_head = shape.heads,
-              .n_embd = shape.hidden,
-              .vocab_size = shape.vocab,
-              .seq_len = shape.seq_len};
+  GptConfig c{.n_layer = static_cast<int>(shape.layers),
+              .n_head = static_cast<int>(shape.heads),
+              .n_embd = static_cast<int>(shape.hidden),
+              .vocab_size = static_cast<int>(shape.vocab),
+              .seq_len = static_cast<int>(shape.seq_len)};
   c.validate();
   return c;
 }
