@@ -4,7 +4,9 @@
 // beside it and reports measured against predicted step time.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -100,6 +102,12 @@ int run_hetero_train(const HeteroTrainCmd& cmd) {
   std::printf("launching %d ranks (one per device; emulated chips on this host); outputs in %s\n", ranks,
               in.run.config.out_dir.c_str());
   std::fflush(stdout);
+  // Emulated chips share this host's cores: give each rank its share, so that busy ranks do not slow each other
+  // down beyond their profiles (device/emu/device.h, where emulation stops being faithful).
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int share = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
+    ::setenv("OMP_NUM_THREADS", std::to_string(share).c_str(), 1);
+  }
   LaunchOptions options;
   options.ranks = ranks;
   const LaunchResult result = launch(rank_command(cmd, plan_path), options);
