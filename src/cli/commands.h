@@ -26,6 +26,7 @@ struct HeteroTrainCmd {
   std::string config, cluster, model, train, plan;
   std::vector<std::string> overrides;
   bool quiet = false;
+  bool resume = false;
   bool as_rank = false;  // internal: this process is one rank of the job the driver launched
 };
 int run_hetero_train(const HeteroTrainCmd& cmd);

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "cli/commands.h"
 #include "comm/job.h"
@@ -55,6 +55,7 @@ Inputs load(const HeteroTrainCmd& cmd) {
   if (in.setup.max_tp == 0) in.setup.max_tp = 1;  // the runtime has no tensor parallelism yet
   in.run.config.batch_size = static_cast<int>(in.setup.global_batch);
   in.run.zero1 = in.setup.zero1;
+  in.run.resume = cmd.resume;
   return in;
 }
 
@@ -72,6 +73,7 @@ std::vector<std::string> rank_command(const HeteroTrainCmd& cmd, const std::stri
   if (!cmd.train.empty()) out.insert(out.end(), {"--train", cmd.train});
   for (const std::string& o : cmd.overrides) out.insert(out.end(), {"--set", o});
   if (cmd.quiet) out.push_back("--quiet");
+  if (cmd.resume) out.push_back("--resume");
   return out;
 }
 

@@ -166,6 +166,8 @@ void register_train(CLI::App& app, Command& selected) {
       ho->config = to->config;
       ho->overrides = to->overrides;
       ho->quiet = to->quiet;
+      ho->resume = to->resume;
+      if (!to->resume_from.empty()) throw CLI::ValidationError("--resume-from", "with --cluster, use --resume");
       selected = [ho] { return run_hetero_train(*ho); };
       return;
     }

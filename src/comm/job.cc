@@ -10,6 +10,13 @@
 
 namespace h2 {
 
+Job::~Job() {
+  const std::chrono::milliseconds timeout = world ? world->options().timeout : std::chrono::milliseconds(0);
+  world.reset();
+  store.reset();
+  if (server) server->wait_for_clients_to_leave(timeout);
+}
+
 std::unique_ptr<Job> join_job(const JobEnv& env, CommOptions options) {
   if (const char* t = std::getenv("H2_COMM_TIMEOUT_MS")) {
     char* end = nullptr;

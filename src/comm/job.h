@@ -13,6 +13,8 @@
 namespace h2 {
 
 struct Job {
+  // Rank 0 keeps the store up until the other ranks have left or died (at most the communication timeout).
+  ~Job();
   JobEnv env;
   std::unique_ptr<StoreServer> server;  // rank 0 only
   std::shared_ptr<StoreClient> store;   // null in a job of one rank

@@ -81,6 +81,7 @@ struct StoreServer::State {
   int wake[2] = {-1, -1};
   std::thread thread;
   std::atomic<int64_t> rejected{0};
+  std::atomic<int> connected{0};
 
   struct Client {
     std::string in;
@@ -96,6 +97,7 @@ struct StoreServer::State {
   void drop(int fd, bool bad) {
     if (bad) ++rejected;
     ::close(fd);
+    --connected;
     const Client& c = clients[fd];
     if (c.rank >= 0 && !c.left) {  // a registered rank vanished without saying goodbye: record it as dead
       data[kDeadRanksKey] += std::to_string(c.rank) + ",";
@@ -180,7 +182,10 @@ struct StoreServer::State {
       if (fds[1].revents != 0) return;  // shutdown
       if (fds[0].revents & POLLIN) {
         const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) clients[fd] = Client{};
+        if (fd >= 0) {
+          clients[fd] = Client{};
+          ++connected;
+        }
       }
       for (size_t i = 2; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
@@ -246,6 +251,15 @@ StoreServer::~StoreServer() {
 }
 
 int64_t StoreServer::rejected_connections() const { return state_->rejected; }
+
+bool StoreServer::wait_for_clients_to_leave(std::chrono::milliseconds timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (state_->connected > 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 StoreClient::StoreClient(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout)
     : where_(cat("rendezvous store ", host, ":", port)), timeout_(timeout) {

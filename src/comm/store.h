@@ -40,6 +40,9 @@ class StoreServer {
   StoreServer& operator=(const StoreServer&) = delete;
   int port() const { return port_; }
   int64_t rejected_connections() const;  // wrong token or malformed frames, for tests and logs
+  // Waits until no client is connected, at most `timeout`: rank 0 keeps the store up until the other ranks
+  // have left (or died), so none of them loses it while it still needs it. False on timeout.
+  bool wait_for_clients_to_leave(std::chrono::milliseconds timeout) const;
 
  private:
   struct State;

@@ -3,7 +3,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -75,18 +77,66 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
   if (range.embedding || range.head) {
     loader = std::make_unique<TokenLoader>(expand_glob(c.train_data), B, T, c.seed, true, replica, layout.dp);
   }
+  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(M)), targets(static_cast<size_t>(M));
+  const std::string checkpoint_dir = (fs::path(c.out_dir) / "checkpoints").string();
+  int64_t first_step = 0;
+  if (run.resume) {
+    const std::string latest = latest_checkpoint(checkpoint_dir);
+    const CheckpointState state = read_checkpoint_state(latest);
+    const GptConfig& m = state.model;
+    if (m.n_layer != c.model.n_layer || m.n_embd != c.model.n_embd || m.n_head != c.model.n_head ||
+        m.vocab_size != c.model.vocab_size) {
+      throw Error(ErrorCode::kConfig, cat(latest, ": the checkpoint is of another model than the one configured"));
+    }
+    std::vector<float> mom, vel;
+    load_checkpoint_by_name(latest, runner.model(), &mom, &vel);
+    runner.set_optimizer_state(mom, vel);
+    first_step = state.step;
+    // The loader's position: the same number of micro-batches again (cheap: windows, not tokens, are shuffled).
+    for (int64_t i = 0; loader && i < first_step * M; ++i) loader->next(tokens[0], targets[0]);
+    if (rank == 0 && !quiet) std::printf("resumed from %s at step %lld\n", latest.c_str(), (long long)first_step);
+  }
+  const auto save = [&](int64_t done) {
+    if (rank == 0) begin_checkpoint(checkpoint_dir, done);
+    world.barrier();
+    std::vector<float> mom, vel;
+    runner.optimizer_state(mom, vel);
+    if (replica == 0) {
+      // The last stage's copy of the tied embedding is the first stage's: written once.
+      write_model_files((fs::path(checkpoint_dir) / (checkpoint_name(done) + ".tmp")).string(), cat(".stage", stage),
+                        runner.model(), mom.data(), vel.data(),
+                        [&](const Gpt::Param& p) { return !(stage > 0 && p.name == "wte.weight"); });
+    }
+    world.barrier();
+    if (rank == 0) {
+      write_checkpoint_state((fs::path(checkpoint_dir) / (checkpoint_name(done) + ".tmp")).string(),
+                             CheckpointState{.step = done, .model = c.model, .data = {}, .data_seed = c.seed});
+      commit_checkpoint(checkpoint_dir, done, c.keep_checkpoints);
+    }
+    world.barrier();
+  };
+  int64_t kill_step = -1;
+  if (const char* f = std::getenv("H2_FAULT_KILL")) {
+    int fault_rank = -1;
+    long long fault_step = -1;
+    if (std::sscanf(f, "%d:%lld", &fault_rank, &fault_step) != 2) {
+      throw Error(ErrorCode::kConfig, cat("H2_FAULT_KILL='", f, "' is not RANK:STEP"));
+    }
+    if (fault_rank == rank) kill_step = fault_step;
+  }
   const Schedule schedule = add_gradient_reduction(lower_communication(schedule_1f1b(layout.stages, M)));
   nlohmann::json trace = nlohmann::json::array();
+  int64_t step = 0;
   runner.on_action = [&](const Action& a, double t0, double t1) {
+    if (step + 1 == kill_step) std::raise(SIGKILL);
     trace.push_back(
         {{"name", a.str()}, {"ph", "X"}, {"pid", rank}, {"tid", 0}, {"ts", t0 * 1e6}, {"dur", (t1 - t0) * 1e6}});
   };
   std::ofstream metrics;
   if (rank == 0) {
     fs::create_directories(c.out_dir);
-    metrics.open(fs::path(c.out_dir) / "metrics.jsonl", std::ios::trunc);
+    metrics = open_metrics((fs::path(c.out_dir) / "metrics.jsonl").string(), first_step);
   }
-  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(M)), targets(static_cast<size_t>(M));
   const StageRunner::Batch batch = [&](int m, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
     tok = tokens[static_cast<size_t>(m)];
     tgt = targets[static_cast<size_t>(m)];
@@ -95,12 +145,13 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
   const double tokens_per_step = static_cast<double>(plan.global_batch) * T;
   double measured = 0;
   int64_t measured_steps = 0;
-  for (int64_t step = 0; step < c.steps; ++step) {
+  for (step = first_step; step < c.steps; ++step) {
     // Every rank stops at the same step: rank 0's wish (or anyone's) is agreed on first.
     float stop = stop_requested != nullptr && stop_requested->load() ? 1.0f : 0.0f;
     world.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
     if (stop > 0) {
       out.interrupted = true;
+      if (step > first_step) save(step);  // what was trained is kept
       break;
     }
     const double t0 = seconds_now();
@@ -135,6 +186,7 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
         std::fflush(stdout);
       }
     }
+    if (step + 1 == c.steps || (c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0)) save(step + 1);
   }
   out.step_seconds = measured_steps > 0 ? measured / static_cast<double>(measured_steps) : 0;
   fs::create_directories(trace_part(run, rank).parent_path());

@@ -6,7 +6,12 @@
 // Outputs in the run's out_dir: plan.json (what ran), metrics.jsonl (rank 0: loss, norm, lr, step time,
 // tokens/s), trace_measured.json (every rank's compute and communication actions, Chrome trace format, one
 // process row per rank) beside trace_predicted.json (the simulator's trace of the same plan), summary.json
-// (measured and predicted step time). Checkpoints: see hetero_checkpoint below.
+// (measured and predicted step time), checkpoints/ (train/checkpoint.h: one file pair per stage, parameters by
+// name, so a checkpoint does not depend on the plan that wrote it: a resumed run may use another plan, and
+// single-device `h2 train` and `h2 sample` read it too).
+//
+// Fault injection for tests: H2_FAULT_KILL=RANK:STEP makes that rank kill itself (SIGKILL) in the middle of
+// that 1-based step, after its first action.
 #pragma once
 
 #include <atomic>
@@ -24,6 +29,7 @@ struct HeteroRun {
   Cluster cluster;
   Plan plan;
   bool zero1 = false;
+  bool resume = false;  // continue from the newest checkpoint in out_dir/checkpoints
 };
 
 // The GPT configuration the planner's model file describes (layers, hidden, heads, vocab, seq_len).

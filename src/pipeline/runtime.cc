@@ -239,4 +239,29 @@ void StageRunner::optimize(AdamwParams hp) {
   copy_from_host(model_->flat_params(), all.data());
 }
 
+void StageRunner::optimizer_state(std::vector<float>& m, std::vector<float>& v) {
+  const size_t n = static_cast<size_t>(model_->num_params()), s = static_cast<size_t>(optimizer_.m.numel());
+  for (auto [flat, out] : {std::pair{&optimizer_.m, &m}, {&optimizer_.v, &v}}) {
+    std::vector<float> mine(s);
+    copy_to_host(mine.data(), *flat);
+    if (!options_.zero1) {
+      *out = std::move(mine);
+      continue;
+    }
+    out->assign(s * static_cast<size_t>(comms_.dp.size()), 0.0f);
+    comms_.dp.all_gather(out->data(), mine.data(), s, DType::kF32);
+    out->resize(n);
+  }
+}
+
+void StageRunner::set_optimizer_state(const std::vector<float>& m, const std::vector<float>& v) {
+  const int64_t s = optimizer_.m.numel(), lo = options_.zero1 ? comms_.dp.rank() * s : 0;
+  for (auto [flat, in] : {std::pair{&optimizer_.m, &m}, {&optimizer_.v, &v}}) {
+    std::vector<float> mine(static_cast<size_t>(s), 0.0f);
+    for (int64_t i = 0; i < s && lo + i < static_cast<int64_t>(in->size()); ++i)
+      mine[size_t(i)] = (*in)[size_t(lo + i)];
+    copy_from_host(*flat, mine.data());
+  }
+}
+
 }  // namespace h2

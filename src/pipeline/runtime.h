@@ -66,6 +66,11 @@ class StageRunner {
   std::function<void(const Action&, double, double)> on_action;
   double last_grad_norm() const { return grad_norm_; }
 
+  // The AdamW moments laid out like the flat parameters (with ZeRO-1 gathered from the stage's replicas: a
+  // collective over them), and back (each replica takes its shard).
+  void optimizer_state(std::vector<float>& m, std::vector<float>& v);
+  void set_optimizer_state(const std::vector<float>& m, const std::vector<float>& v);
+
  private:
   void forward(int m, const Batch& batch);
   void backward(int m, const Batch& batch);

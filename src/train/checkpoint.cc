@@ -38,25 +38,35 @@ std::vector<int64_t> dims(const Shape& s) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerState& optimizer,
-                            const CheckpointState& state, int keep) {
+std::string checkpoint_name(int64_t step) {
   char name[32];
-  std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(state.step));
-  const fs::path final_dir = fs::path(dir) / name, tmp_dir = fs::path(dir) / (std::string(name) + ".tmp");
+  std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step));
+  return name;
+}
+
+std::string begin_checkpoint(const std::string& dir, int64_t step) {
+  const fs::path tmp_dir = fs::path(dir) / (checkpoint_name(step) + ".tmp");
   std::error_code ec;
   fs::create_directories(dir, ec);
   fs::remove_all(tmp_dir, ec);
   if (!fs::create_directories(tmp_dir, ec) && ec) {
     throw Error(ErrorCode::kIo, cat(tmp_dir.string(), ": cannot create the checkpoint folder: ", ec.message()));
   }
+  return tmp_dir.string();
+}
 
+void write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m, const float* v,
+                       const std::function<bool(const Gpt::Param&)>& include) {
   // Parameters in Hugging Face layout; the host copies must outlive the write.
   std::vector<std::vector<float>> keep_alive;
   std::vector<SafetensorsEntry> params, moments;
-  const std::vector<float> m = to_host(optimizer.m), v = to_host(optimizer.v);
   int64_t offset = 0;
   for (const Gpt::Param& p : model.params()) {
     const Shape& s = p.value.shape();
+    if (include && !include(p)) {
+      offset += p.value.numel();
+      continue;
+    }
     keep_alive.push_back(to_host(p.value));
     if (p.hf_transposed) {
       keep_alive.back() = transposed(keep_alive.back(), s[0], s[1]);
@@ -64,12 +74,16 @@ std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerS
     } else {
       params.push_back({p.name, DType::kF32, dims(s), keep_alive.back().data()});
     }
-    moments.push_back({"m." + p.name, DType::kF32, dims(s), m.data() + offset});
-    moments.push_back({"v." + p.name, DType::kF32, dims(s), v.data() + offset});
+    moments.push_back({"m." + p.name, DType::kF32, dims(s), m + offset});
+    moments.push_back({"v." + p.name, DType::kF32, dims(s), v + offset});
     offset += p.value.numel();
   }
-  write_safetensors((tmp_dir / "model.safetensors").string(), params, {{"format", "pt"}, {"producer", "h2"}});
-  write_safetensors((tmp_dir / "optimizer.safetensors").string(), moments);
+  write_safetensors((fs::path(folder) / ("model" + part + ".safetensors")).string(), params,
+                    {{"format", "pt"}, {"producer", "h2"}});
+  write_safetensors((fs::path(folder) / ("optimizer" + part + ".safetensors")).string(), moments);
+}
+
+void write_checkpoint_state(const std::string& folder, const CheckpointState& state) {
   const nlohmann::ordered_json json = {
       {"format", "h2-checkpoint"},
       {"version", kCheckpointVersion},
@@ -81,14 +95,19 @@ std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerS
         {"vocab_size", state.model.vocab_size},
         {"seq_len", state.model.seq_len}}},
       {"data", {{"seed", state.data_seed}, {"epoch", state.data.epoch}, {"batch", state.data.batch}}},
-      {"files", {{"model", "model.safetensors"}, {"optimizer", "optimizer.safetensors"}}}};
-  write_file_atomic((tmp_dir / "state.json").string(), json.dump(2) + "\n");
+      {"files", {{"model", "model*.safetensors"}, {"optimizer", "optimizer*.safetensors"}}}};
+  write_file_atomic((fs::path(folder) / "state.json").string(), json.dump(2) + "\n");
+}
 
+std::string commit_checkpoint(const std::string& dir, int64_t step, int keep) {
+  const std::string name = checkpoint_name(step);
+  const fs::path final_dir = fs::path(dir) / name, tmp_dir = fs::path(dir) / (name + ".tmp");
+  std::error_code ec;
   fs::remove_all(final_dir, ec);
   fs::rename(tmp_dir, final_dir, ec);
   if (ec)
     throw Error(ErrorCode::kIo, cat(final_dir.string(), ": cannot move the checkpoint into place: ", ec.message()));
-  write_file_atomic((fs::path(dir) / "latest").string(), std::string(name) + "\n");
+  write_file_atomic((fs::path(dir) / "latest").string(), name + "\n");
 
   if (keep > 0) {  // drop the oldest complete checkpoints beyond `keep`
     std::vector<fs::path> all;
@@ -100,6 +119,15 @@ std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerS
     for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
   }
   return final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerState& optimizer,
+                            const CheckpointState& state, int keep) {
+  const std::string folder = begin_checkpoint(dir, state.step);
+  const std::vector<float> m = to_host(optimizer.m), v = to_host(optimizer.v);
+  write_model_files(folder, "", model, m.data(), v.data(), nullptr);
+  write_checkpoint_state(folder, state);
+  return commit_checkpoint(dir, state.step, keep);
 }
 
 std::string latest_checkpoint(const std::string& dir) {
@@ -135,34 +163,61 @@ CheckpointState read_checkpoint_state(const std::string& checkpoint) {
   return state;
 }
 
-void load_checkpoint(const std::string& checkpoint, Gpt& model, const OptimizerState* optimizer) {
-  const SafetensorsFile params((fs::path(checkpoint) / "model.safetensors").string());
-  std::unique_ptr<SafetensorsFile> moments;
-  if (optimizer != nullptr)
-    moments = std::make_unique<SafetensorsFile>((fs::path(checkpoint) / "optimizer.safetensors").string());
+void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vector<float>* m, std::vector<float>* v) {
+  // Every part's files: a single-device checkpoint has one, a pipelined run's one per stage.
+  std::vector<std::unique_ptr<SafetensorsFile>> params, moments;
+  for (const auto& entry : fs::directory_iterator(checkpoint)) {
+    const std::string n = entry.path().filename().string();
+    if (!n.ends_with(".safetensors")) continue;
+    if (n.starts_with("model")) params.push_back(std::make_unique<SafetensorsFile>(entry.path().string()));
+    if (n.starts_with("optimizer") && m != nullptr) {
+      moments.push_back(std::make_unique<SafetensorsFile>(entry.path().string()));
+    }
+  }
+  auto find = [&](const std::vector<std::unique_ptr<SafetensorsFile>>& files, const std::string& name,
+                  const char* what) -> const SafetensorsEntry& {
+    for (const auto& f : files) {
+      if (f->has(name)) return f->at(name);
+    }
+    throw Error(ErrorCode::kNotFound,
+                cat(checkpoint, ": no ", what, " file holds '", name, "'; was it saved from a different model?"));
+  };
+  if (m != nullptr) {
+    m->assign(static_cast<size_t>(model.num_params()), 0.0f);
+    v->assign(static_cast<size_t>(model.num_params()), 0.0f);
+  }
   int64_t offset = 0;
   for (const Gpt::Param& p : model.params()) {
     const Shape& s = p.value.shape();
-    const SafetensorsEntry& e = params.at(p.name);
+    const SafetensorsEntry& e = find(params, p.name, "model");
     const std::vector<int64_t> want = p.hf_transposed ? std::vector<int64_t>{s[1], s[0]} : dims(s);
     if (e.dtype != DType::kF32 || e.shape != want) {
-      throw Error(ErrorCode::kIo, cat(params.path(), ": tensor '", p.name, "' is ", dtype_name(e.dtype),
+      throw Error(ErrorCode::kIo, cat(checkpoint, ": tensor '", p.name, "' is ", dtype_name(e.dtype),
                                       " of another shape than the model's; was it saved from a different model?"));
     }
     const auto* data = static_cast<const float*>(e.data);
     std::vector<float> host(data, data + p.value.numel());
     if (p.hf_transposed) host = transposed(host, s[1], s[0]);
     copy_from_host(p.value, host.data());
-    if (moments) {
-      for (const auto& [prefix, flat] : {std::pair{"m.", &optimizer->m}, {"v.", &optimizer->v}}) {
-        const SafetensorsEntry& me = moments->at(prefix + p.name);
+    if (m != nullptr) {
+      for (const auto& [prefix, flat] : {std::pair{"m.", m}, {"v.", v}}) {
+        const SafetensorsEntry& me = find(moments, prefix + p.name, "optimizer");
         if (me.dtype != DType::kF32 || me.shape != dims(s)) {
-          throw Error(ErrorCode::kIo, cat(moments->path(), ": tensor '", prefix, p.name, "' has the wrong shape"));
+          throw Error(ErrorCode::kIo, cat(checkpoint, ": tensor '", prefix, p.name, "' has the wrong shape"));
         }
-        copy_from_host(flat->slice(offset, offset + p.value.numel()), me.data);
+        std::copy_n(static_cast<const float*>(me.data), p.value.numel(), flat->data() + offset);
       }
     }
     offset += p.value.numel();
+  }
+}
+
+void load_checkpoint(const std::string& checkpoint, Gpt& model, const OptimizerState* optimizer) {
+  std::vector<float> m, v;
+  load_checkpoint_by_name(checkpoint, model, optimizer ? &m : nullptr, optimizer ? &v : nullptr);
+  if (optimizer != nullptr) {
+    copy_from_host(optimizer->m, m.data());
+    copy_from_host(optimizer->v, v.data());
   }
 }
 

@@ -1,6 +1,8 @@
 // Checkpoints of a training run, one folder per save:
 //   <dir>/step_000100/model.safetensors      parameters, Hugging Face GPT-2 names and layouts
 //   <dir>/step_000100/optimizer.safetensors  AdamW moments "m.<name>", "v.<name>" (H2's layout)
+//     (a pipelined run writes one pair per stage, model.stage<k>.safetensors and optimizer.stage<k>...; a
+//      reader looks every parameter up by name in whichever file holds it)
 //   <dir>/step_000100/state.json             format version, step, model config, data position, file names
 //   <dir>/latest                             the name of the newest complete checkpoint
 // A save writes into "step_000100.tmp", renames it into place and only then points `latest` at it, so a crash
@@ -9,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +38,22 @@ struct OptimizerState {
 // Saves into `dir`/step_NNNNNN and keeps the newest `keep` checkpoints (0 = all). Returns the folder written.
 std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerState& optimizer,
                             const CheckpointState& state, int keep);
+
+// The pieces of save_checkpoint, for runs whose model is split over processes (pipeline/hetero_train.cc):
+// one process begins (the empty "<name>.tmp" folder), each writes its part's files, one writes the state and
+// commits (rename, `latest`, pruning to `keep`).
+std::string checkpoint_name(int64_t step);  // "step_000100"
+std::string begin_checkpoint(const std::string& dir, int64_t step);
+// model<part>.safetensors and optimizer<part>.safetensors for the parameters `include` accepts (all when null);
+// m and v are laid out like the model's flat parameters.
+void write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m, const float* v,
+                       const std::function<bool(const Gpt::Param&)>& include);
+void write_checkpoint_state(const std::string& folder, const CheckpointState& state);
+std::string commit_checkpoint(const std::string& dir, int64_t step, int keep);
+
+// Fills every parameter of `model` (any range) by name from the checkpoint's model files, and when m and v are
+// given, the moments into them (laid out like the flat parameters). Errors name the checkpoint and tensor.
+void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vector<float>* m, std::vector<float>* v);
 
 // The folder `latest` names in `dir`; Error(kNotFound) when there is none.
 std::string latest_checkpoint(const std::string& dir);

@@ -37,8 +37,8 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-// Keeps the metrics file's lines up to `step` (a resumed run rewrites what follows) and returns a stream
-// appending to it.
+}  // namespace
+
 std::ofstream open_metrics(const std::string& path, int64_t keep_up_to_step) {
   if (fs::exists(path)) {
     std::istringstream in(read_file(path));
@@ -56,8 +56,6 @@ std::ofstream open_metrics(const std::string& path, int64_t keep_up_to_step) {
   if (!out) throw Error(ErrorCode::kIo, cat(path, ": cannot open the metrics file for appending"));
   return out;
 }
-
-}  // namespace
 
 TrainConfig TrainConfig::from_config(const ConfigNode& root) {
   root.allow_only({"model", "data", "optim", "train", "device"});

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -52,6 +53,10 @@ double learning_rate(const TrainConfig& config, int64_t step);
 // One AdamW step over every parameter of `model` with the moments in `optimizer` (laid out like the flat
 // parameters). `hp.weight_decay` applies to the parameters marked for decay only.
 void adamw_step(Gpt& model, const OptimizerState& optimizer, const AdamwParams& hp);
+
+// Keeps the metrics file's lines up to `keep_up_to_step` (a resumed run rewrites what follows) and returns a
+// stream appending to it.
+std::ofstream open_metrics(const std::string& path, int64_t keep_up_to_step);
 
 struct StepMetrics {
   int64_t step;  // 1-based: the step just completed

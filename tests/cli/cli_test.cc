@@ -19,8 +19,9 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result run_h2(const std::string& args) {
-  const std::string command = std::string(H2_BINARY) + " " + args + " 2>&1";
+// `env`: variable assignments for the command, e.g. "H2_FAULT_KILL=1:5".
+Result run_h2(const std::string& args, const std::string& env = "") {
+  const std::string command = env + " " + std::string(H2_BINARY) + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string output;
@@ -210,6 +211,88 @@ TEST_F(CliTraining, BadInputIsNamed) {
   const Result tok = run_h2("data prepare --out " + dir_ + "/x --encoder " + dir_ + "/nope.json " + dir_ + "/a.txt");
   EXPECT_EQ(tok.status, 1);
   EXPECT_THAT(tok.output, HasSubstr("nope.json: cannot open"));
+}
+
+// `h2 train --cluster` end to end on a two-chip emulated cluster (one fast chip with little memory, one slow
+// with more) and a tiny GPT: plan, two processes, checkpoints; a rank killed mid-step stops the job naming it,
+// the last checkpoint stays intact, and --resume reaches the same final loss as the uninterrupted run.
+class ClusterTraining : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing_util::temp_dir("cli_cluster");
+    testing_util::write_pattern_shards(dir_, 64);
+    cluster_ = dir_ + "/cluster.yaml";
+    std::ofstream(cluster_) << "name: two-chips\nchips:\n"
+                               "  - {name: fast, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 0.05, "
+                               "memory_bandwidth_gbps: 8}\n"
+                               "  - {name: slow, peak_tflops: 0.1, efficiency: 0.5, memory_gib: 1, "
+                               "memory_bandwidth_gbps: 4}\n"
+                               "groups:\n"
+                               "  - {chip: fast, nodes: 1, chips_per_node: 1, intra_node_gbps: 5, nic_gbps: 5}\n"
+                               "  - {chip: slow, nodes: 1, chips_per_node: 1, intra_node_gbps: 5, nic_gbps: 5}\n"
+                               "links:\n  - {between: [fast, slow], bandwidth_gbps: 5, latency_us: 20}\n";
+    model_ = dir_ + "/model.yaml";
+    std::ofstream(model_) << "name: tiny\nlayers: 4\nhidden: 32\nheads: 2\nvocab: 64\nseq_len: 16\n";
+    train_ = dir_ + "/setup.yaml";
+    std::ofstream(train_) << "global_batch: 4\nzero1: false\nmicro_batches: [1, 2]\n";
+    config_ = dir_ + "/train.yaml";
+    std::ofstream(config_)
+        << "model: {n_layer: 4, n_head: 2, n_embd: 32, vocab_size: 64, seq_len: 16}\n"
+           "data: {train: " +
+               dir_ +
+               "/train_*.bin}\n"
+               "optim: {lr: 3.0e-3, warmup_steps: 0}\n"
+               "train: {batch_size: 4, seq_len: 16, steps: 6, checkpoint_every: 2, keep_checkpoints: 5, "
+               "log_every: 1, out_dir: " +
+               dir_ + "/run}\n";
+  }
+  std::string command() const {
+    return "train --config " + config_ + " --cluster " + cluster_ + " --model " + model_ + " --train " + train_;
+  }
+  static std::vector<std::string> metric_lines(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  }
+  std::string dir_, cluster_, model_, train_, config_;
+};
+
+TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRank) {
+  const Result full = run_h2(command() + " --set train.out_dir=" + dir_ + "/full");
+  ASSERT_EQ(full.status, 0) << full.output;
+  EXPECT_THAT(full.output, HasSubstr("launching 2 ranks"));
+  EXPECT_THAT(full.output, HasSubstr("step     6/6"));
+  EXPECT_THAT(full.output, HasSubstr("measured / simulated"));
+  for (const char* f :
+       {"plan.json", "metrics.jsonl", "trace_measured.json", "trace_predicted.json", "summary.json",
+        "checkpoints/step_000006/model.stage0.safetensors", "checkpoints/step_000006/model.stage1.safetensors"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir_ + "/full/" + f)) << f;
+  }
+  const auto full_metrics = metric_lines(dir_ + "/full/metrics.jsonl");
+  ASSERT_EQ(full_metrics.size(), 6u);
+  // Both ranks' actions are in the measured trace.
+  std::ifstream trace(dir_ + "/full/trace_measured.json");
+  const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("\"0F0\""));
+  EXPECT_THAT(text, HasSubstr("\"1B0\""));
+
+  // Rank 1 dies in step 5: the job stops naming it; step 4's checkpoint is the latest and intact.
+  const Result killed = run_h2(command(), "H2_FAULT_KILL=1:5");
+  EXPECT_NE(killed.status, 0);
+  EXPECT_THAT(killed.output, HasSubstr("rank 1 was killed by signal 9"));
+  std::ifstream latest(dir_ + "/run/checkpoints/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "step_000004");
+
+  const Result resumed = run_h2(command() + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("resumed from"));
+  const auto resumed_metrics = metric_lines(dir_ + "/run/metrics.jsonl");
+  ASSERT_EQ(resumed_metrics.size(), 6u);
+  EXPECT_EQ(resumed_metrics.back(), full_metrics.back().substr(0, full_metrics.back().find("\"step_s\"")) +
+                                        resumed_metrics.back().substr(resumed_metrics.back().find("\"step_s\"")));
 }
 
 }  // namespace

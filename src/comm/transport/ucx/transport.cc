@@ -162,7 +162,7 @@ class UcxTransport final : public Transport {
     try {
       dead = store_->dead_ranks();
     } catch (const Error&) {
-      return "";  // the store itself may be gone; the timeout still applies
+      return "rank 0 is gone (the rendezvous store it runs no longer answers)";
     }
     if (dead.empty()) return "";
     std::string list;
@@ -171,6 +171,7 @@ class UcxTransport final : public Transport {
   }
 
   std::chrono::milliseconds liveness_interval() const { return options_.liveness_interval; }
+  void force_liveness_check() { next_liveness_check_ = {}; }
 
  private:
   static uint64_t wire_tag(int source, uint64_t tag) { return (static_cast<uint64_t>(source) << kTagBits) | tag; }
@@ -190,8 +191,14 @@ class UcxTransport final : public Transport {
     if (it != endpoints_.end()) return it->second;
     const std::string address = store_->get(address_key(peer));
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    // Peer error handling: a peer that dies fails the operations with it (and UCX's shared-memory copies from a
+    // dead process) instead of UCX aborting this process.
+    ep.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};  // the failed requests carry the error
+    ep.err_handler.arg = nullptr;
     ucp_ep_h handle = nullptr;
     const ucs_status_t status = ucp_ep_create(worker_, &ep, &handle);
     if (status != UCS_OK) {
@@ -243,8 +250,13 @@ ucs_status_t UcxRequest::poll_status() {
     throw CommError(cat("rank ", transport_->rank(), ": ", describe(),
                         ": the sender sent more; the ranks disagree on the operation's size"));
   }
-  if (status != UCS_OK)
-    throw CommError(cat("rank ", transport_->rank(), ": ", describe(), ": ", ucs_status_string(status)));
+  if (status != UCS_OK) {
+    // A peer failure (UCX's endpoint timeout or reset): the peer of this request, unless the store knows better.
+    transport_->force_liveness_check();
+    const std::string dead = transport_->dead_peers_note();
+    throw CommError(cat("rank ", transport_->rank(), ": ", describe(), ": ", ucs_status_string(status), "; ",
+                        dead.empty() ? cat("rank ", peer_, " died or cannot be reached") : dead));
+  }
   if (is_recv_ && info.length != bytes_) {
     throw CommError(cat("rank ", transport_->rank(), ": ", describe(), ": rank ", peer_, " sent ", info.length,
                         " bytes; the ranks disagree on the operation's size"));
