@@ -32,6 +32,8 @@ struct HeteroTrainCmd {
 int run_hetero_train(const HeteroTrainCmd& cmd);
 // `h2 launch`.
 void register_launch(CLI::App& app, Command& selected);
+// `h2 profile`.
+void register_profile(CLI::App& app, Command& selected);
 // `h2 bench comm`.
 void register_bench(CLI::App& app, Command& selected);
 

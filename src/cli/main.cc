@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   h2::cli::register_plan(app, selected);
   h2::cli::register_launch(app, selected);
   h2::cli::register_bench(app, selected);
+  h2::cli::register_profile(app, selected);
 
   try {
     app.parse(argc, argv);

@@ -1,6 +1,8 @@
 // Loading and checking cluster, model and training files.
 #include "planner/spec.h"
 
+#include <sstream>
+
 #include "core/error.h"
 
 namespace h2 {
@@ -80,6 +82,31 @@ Cluster Cluster::only(int chip) const {
     if (g.chip == chip) c.groups.push_back(g);
   }
   return c;
+}
+
+std::string cluster_to_yaml(const Cluster& c) {
+  std::ostringstream y;
+  y.precision(6);
+  y << "name: " << c.name << "\nchips:\n";
+  for (const ChipType& t : c.chips) {
+    y << "  - {name: " << t.name << ", vendor: " << t.vendor << ", peak_tflops: " << t.peak_tflops
+      << ", efficiency: " << t.efficiency << ", memory_gib: " << t.memory_gib
+      << ", memory_bandwidth_gbps: " << t.memory_bandwidth_gbps << ", host_link_gbps: " << t.host_link_gbps << "}\n";
+  }
+  y << "groups:\n";
+  for (const NodeGroup& g : c.groups) {
+    y << "  - {chip: " << c.chips[static_cast<size_t>(g.chip)].name << ", nodes: " << g.nodes
+      << ", chips_per_node: " << g.chips_per_node << ", intra_node_gbps: " << g.intra_node_gbps
+      << ", intra_node_latency_us: " << g.intra_node_latency_us << ", nic_gbps: " << g.nic_gbps
+      << ", nic_latency_us: " << g.nic_latency_us << "}\n";
+  }
+  if (!c.links.empty()) y << "links:\n";
+  for (const GroupLink& l : c.links) {
+    y << "  - {between: [" << c.chips[static_cast<size_t>(l.a)].name << ", " << c.chips[static_cast<size_t>(l.b)].name
+      << "], bandwidth_gbps: " << l.bandwidth_gbps << ", latency_us: " << l.latency_us
+      << ", device_direct: " << (l.device_direct ? "true" : "false") << "}\n";
+  }
+  return y.str();
 }
 
 Cluster load_cluster(const ConfigNode& root) {

@@ -72,6 +72,8 @@ struct TrainSetup {
 };
 
 Cluster load_cluster(const ConfigNode& root);
+// The YAML load_cluster reads (h2 profile writes measured clusters with it).
+std::string cluster_to_yaml(const Cluster& cluster);
 TransformerShape load_model(const ConfigNode& root);
 TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape& model);
 

@@ -1,0 +1,133 @@
+// Measuring chips and links for `h2 profile`.
+#include "pipeline/profile.h"
+
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "device/registry.h"
+#include "model/gpt.h"
+#include "pipeline/hetero_train.h"
+
+namespace h2 {
+namespace {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The median of `reps` timings of fn() after one warm-up call.
+double time_median(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = seconds_now();
+    fn();
+    t.push_back(seconds_now() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
+                             int micro_batch) {
+  EmuProfile profile = emu_profile_of(cluster, chip);
+  profile.mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
+  auto device = create_device(DeviceSpec{.backend = "emu", .index = 0, .emu = profile});
+  const GptConfig config = gpt_config_of(shape);
+  const int B = micro_batch, T = config.seq_len, C = config.n_embd;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> host(static_cast<size_t>(B) * T * C);
+  for (float& x : host) x = normal(rng);
+  Tensor x = device->empty(DType::kF32, {B, T, C}), dout = device->empty(DType::kF32, {B, T, C});
+  copy_from_host(x, host.data());
+  for (float& v : host) v = 0.01f * normal(rng);
+  copy_from_host(dout, host.data());
+  std::vector<int32_t> ids(static_cast<size_t>(B) * T);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int32_t>(i * 7919 % static_cast<size_t>(config.vocab_size));
+  Tensor targets = device->empty(DType::kI32, {B, T});
+  copy_from_host(targets, ids.data());
+
+  ChipMeasurement m{.chip = chip, .speed = profile.speed};
+  {
+    Gpt block(config, *device, GptRange{false, 0, 1, false}, B, T);
+    block.init(1);
+    m.layer_s = time_median(3, [&] {
+      block.forward(x);
+      block.backward(dout);
+      device->synchronize();
+    });
+  }
+  {
+    Gpt head(config, *device, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
+    head.init(1);
+    m.head_s = time_median(3, [&] {
+      head.forward(x);
+      head.loss(targets);
+      head.backward();
+      device->synchronize();
+    });
+  }
+  const double flops = 3.0 * B * (shape.layers * layer_forward_flops(shape, T) + head_forward_flops(shape, T));
+  m.flops_per_second = flops / (shape.layers * m.layer_s + m.head_s);
+  const size_t bytes = size_t{64} << 20;
+  Tensor a = device->zeros(DType::kF32, {static_cast<int64_t>(bytes / 4)}),
+         b = device->empty(DType::kF32, {static_cast<int64_t>(bytes / 4)});
+  const double copy_s = time_median(3, [&] {
+    copy(b, a);
+    device->synchronize();
+  });
+  m.copy_gbps = 2.0 * static_cast<double>(bytes) / copy_s / 1e9;
+  return m;
+}
+
+LinkMeasurement measure_link(Communicator& world) {
+  float result[2] = {0, 0};  // bandwidth GB/s, latency us
+  if (world.rank() < 2 && world.size() >= 2) {
+    const int peer = 1 - world.rank();
+    auto exchange = [&](std::vector<char>& out, std::vector<char>& in) {
+      auto r = world.irecv(in.data(), in.size(), peer, 1);
+      auto s = world.isend(out.data(), out.size(), peer, 1);
+      world.wait_request(*r, "profile", peer);
+      world.wait_request(*s, "profile", peer);
+    };
+    std::vector<char> small_out(8), small_in(8), big_out(size_t{4} << 20), big_in(size_t{4} << 20);
+    const double small = time_median(50, [&] { exchange(small_out, small_in); });
+    const double big = time_median(10, [&] { exchange(big_out, big_in); });
+    result[1] = static_cast<float>(small * 1e6);
+    result[0] = static_cast<float>(static_cast<double>(big_out.size()) / std::max(1e-9, big - small) / 1e9);
+  }
+  world.broadcast(result, 2, DType::kF32, 0);
+  return LinkMeasurement{result[0], result[1]};
+}
+
+Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips,
+                         const LinkMeasurement& link) {
+  Cluster out = cluster;
+  out.name = cluster.name + "-profiled";
+  for (const ChipMeasurement& m : chips) {
+    ChipType& t = out.chips[static_cast<size_t>(out.chip_index(m.chip))];
+    t.peak_tflops = m.flops_per_second / 1e12;
+    t.efficiency = 1.0;
+    t.memory_bandwidth_gbps = m.copy_gbps;
+  }
+  if (link.bandwidth_gbps > 0) {
+    for (NodeGroup& g : out.groups) {
+      if (g.chips_per_node > 1) g.intra_node_gbps = link.bandwidth_gbps;
+      g.intra_node_latency_us = link.latency_us;
+      g.nic_gbps = link.bandwidth_gbps;
+      g.nic_latency_us = link.latency_us;
+    }
+    for (GroupLink& l : out.links) {
+      l.bandwidth_gbps = link.bandwidth_gbps;
+      l.latency_us = link.latency_us;
+    }
+  }
+  return out;
+}
+
+}  // namespace h2

@@ -1,0 +1,44 @@
+// `h2 profile` (DESIGN.md, "pipeline"): measures, on the devices at hand, what the planner and the simulator
+// otherwise take from a datasheet, and writes a cluster file with the measured figures - so that predictions are
+// about this cluster.
+//
+// Per chip type (an emulated chip of that type here): one transformer block's forward + backward and the head's
+// (final LayerNorm, logits, loss) at the model's shapes and the micro-batch size, with the cores each rank will
+// get; the achieved FLOP rate over the whole model (L blocks + head, the cost model's FLOP counts) becomes the
+// chip's peak_tflops with efficiency 1, and a device-to-device copy its memory bandwidth. Per link: DiComm
+// point-to-point between two processes, latency from 8-byte and bandwidth from 4 MiB exchanges, applied to every
+// link and NIC of the cluster (on one host they are all the same path).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "planner/spec.h"
+
+namespace h2 {
+
+struct ChipMeasurement {
+  std::string chip;
+  double speed = 1;             // the emulated chip's speed (relative to this host)
+  double layer_s = 0;           // one block, forward + backward, one micro-batch
+  double head_s = 0;            // the head, forward + loss + backward
+  double flops_per_second = 0;  // achieved over L blocks + head
+  double copy_gbps = 0;         // bytes read + written per second
+};
+
+struct LinkMeasurement {
+  double bandwidth_gbps = 0;
+  double latency_us = 0;
+};
+
+ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
+                             int micro_batch);
+// Rank 0 and 1 of `world` exchange messages (other ranks wait at a barrier). Every rank gets the result.
+LinkMeasurement measure_link(Communicator& world);
+
+// The cluster with the measured figures in place of the datasheet's.
+Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips,
+                         const LinkMeasurement& link);
+
+}  // namespace h2
