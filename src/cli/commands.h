@@ -27,13 +27,16 @@ struct HeteroTrainCmd {
   std::vector<std::string> overrides;
   bool quiet = false;
   bool resume = false;
+  bool profile = false;  // measure the cluster first and plan with the measured figures
   bool as_rank = false;  // internal: this process is one rank of the job the driver launched
 };
 int run_hetero_train(const HeteroTrainCmd& cmd);
 // `h2 launch`.
 void register_launch(CLI::App& app, Command& selected);
-// `h2 profile`.
+// `h2 profile`; profile_to_file measures and writes the profiled cluster (also used by h2 train --profile).
 void register_profile(CLI::App& app, Command& selected);
+void profile_to_file(const std::string& cluster_file, const TransformerShape& shape, const std::string& model_label,
+                     int micro_batch, const std::string& out);
 // `h2 bench comm`.
 void register_bench(CLI::App& app, Command& selected);
 

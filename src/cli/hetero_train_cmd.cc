@@ -2,6 +2,7 @@
 // the run's out_dir, starts one rank per device (`h2 train ... --as-rank` under h2 launch's machinery, which
 // names a failed rank and stops the others), then merges the measured trace, writes the simulator's prediction
 // beside it and reports measured against predicted step time.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -53,6 +54,7 @@ Inputs load(const HeteroTrainCmd& cmd) {
     in.setup.zero1 = false;
   }
   if (in.setup.max_tp == 0) in.setup.max_tp = 1;  // the runtime has no tensor parallelism yet
+  in.setup.precision = Precision::kF32;           // and trains in f32: plan what it runs
   in.run.config.batch_size = static_cast<int>(in.setup.global_batch);
   in.run.zero1 = in.setup.zero1;
   in.run.resume = cmd.resume;
@@ -77,6 +79,34 @@ std::vector<std::string> rank_command(const HeteroTrainCmd& cmd, const std::stri
   return out;
 }
 
+// The planner's view of the alternatives: the uniform split of the same devices and each chip type alone
+// (predicted; bench/run_hetero.sh measures them).
+void print_baselines(const CostModel& costs, const Plan& plan, const Cluster& cluster) {
+  FitFailure why;
+  const std::optional<Plan> uniform = plan_uniform(costs, layout_of(plan, cluster), &why);
+  std::printf("predicted baselines: uniform split %s",
+              uniform ? cat(static_cast<int64_t>(uniform->tokens_per_s), " tokens/s (the plan is ",
+                            plan.tokens_per_s / uniform->tokens_per_s, "x)")
+                            .c_str()
+                      : "does not fit");
+  double alone = 0;
+  for (size_t k = 0; k < cluster.chips.size(); ++k) {
+    try {
+      const Plan p =
+          plan_training(CostModel(cluster.only(static_cast<int>(k)), costs.model(), costs.train()), PlannerOptions{});
+      alone += p.tokens_per_s;
+      std::printf("; %s alone %.0f tokens/s", cluster.chips[k].name.c_str(), p.tokens_per_s);
+    } catch (const Error&) {
+      std::printf("; %s alone does not fit", cluster.chips[k].name.c_str());
+    }
+  }
+  if (alone > 0) {
+    std::printf("\nheterogeneous speed-up (predicted): %.0f / %.0f = %.2f (mixed / sum of each type alone)",
+                plan.tokens_per_s, alone, plan.tokens_per_s / alone);
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int run_hetero_train(const HeteroTrainCmd& cmd) {
@@ -89,7 +119,15 @@ int run_hetero_train(const HeteroTrainCmd& cmd) {
     const RankOutcome r = run_rank(in.run, *job, cmd.quiet, &g_stop);
     return r.interrupted ? 130 : 0;
   }
-  const CostModel costs(in.run.cluster, in.shape, in.setup);
+  fs::create_directories(in.run.config.out_dir);
+  Cluster planned_on = in.run.cluster;  // the ranks emulate the cluster file's chips; the planner may see measured ones
+  if (cmd.profile) {
+    const std::string profiled = (fs::path(in.run.config.out_dir) / "cluster_profiled.yaml").string();
+    profile_to_file(cmd.cluster, in.shape, cmd.model.empty() ? cmd.config : cmd.model,
+                    *std::min_element(in.setup.micro_batches.begin(), in.setup.micro_batches.end()), profiled);
+    planned_on = load_cluster(ConfigNode::load_file(profiled));
+  }
+  const CostModel costs(planned_on, in.shape, in.setup);
   if (cmd.plan.empty()) {
     in.run.plan = plan_training(costs, PlannerOptions{});
     in.run.plan.model = cmd.model.empty() ? cmd.config : cmd.model;
@@ -98,7 +136,6 @@ int run_hetero_train(const HeteroTrainCmd& cmd) {
   }
   print_plan(in.run.plan);
   const int ranks = static_cast<int>(in.run.plan.stages.size()) * in.run.plan.dp;
-  fs::create_directories(in.run.config.out_dir);
   const std::string plan_path = (fs::path(in.run.config.out_dir) / "plan.json").string();
   save_plan(in.run.plan, plan_path);
   std::printf("launching %d ranks (one per device; emulated chips on this host); outputs in %s\n", ranks,
@@ -123,6 +160,7 @@ int run_hetero_train(const HeteroTrainCmd& cmd) {
       summary["measured_step_s"].get<double>(), summary["measured_tokens_per_s"].get<double>(),
       summary["simulated_step_s"].get<double>(), ratio, summary["planned_tokens_per_s"].get<double>(),
       in.run.config.out_dir.c_str());
+  print_baselines(costs, in.run.plan, planned_on);
   return 0;
 }
 

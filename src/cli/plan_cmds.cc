@@ -65,7 +65,7 @@ void register_plan(CLI::App& app, Command& selected) {
   CLI::App* pl = app.add_subcommand("plan", "Find the fastest training plan for a model on a (mixed) cluster");
   struct PlanCmd {
     std::string cluster = "examples/cluster_hetero1024.yaml", model = "examples/model_100b.yaml",
-                train = "examples/train_100b.yaml", out;
+                train = "examples/train_100b.yaml", out, baseline;
     bool compare = false;
     double budget = 5;
     int threads = 0;
@@ -76,6 +76,9 @@ void register_plan(CLI::App& app, Command& selected) {
   pl->add_option("--train", o->train, "training setup file")->capture_default_str();
   pl->add_option("--out", o->out, "write the plan as JSON here (versioned; h2 simulate reads it)");
   pl->add_flag("--compare", o->compare, "also plan the baselines: uniform split, each chip type alone");
+  pl->add_option("--baseline", o->baseline,
+                 "print and write a baseline instead of the plan: 'uniform' (the plan's devices, layers split "
+                 "evenly) or a chip type's name (that type alone)");
   pl->add_option("--budget", o->budget, "search time budget, seconds")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -87,6 +90,22 @@ void register_plan(CLI::App& app, Command& selected) {
       SearchStats stats;
       Plan plan = plan_training(costs, PlannerOptions{o->budget, o->threads}, &stats);
       plan.model = in.model_name;
+      if (o->baseline == "uniform") {
+        FitFailure why;
+        std::optional<Plan> uniform = plan_uniform(costs, layout_of(plan, in.cluster), &why);
+        if (!uniform) throw Error(ErrorCode::kInvalidArgument, cat("the uniform split does not fit: ", why.what));
+        plan = *uniform;
+        plan.model = in.model_name;
+      } else if (!o->baseline.empty()) {
+        const int chip = in.cluster.chip_index(o->baseline);
+        if (chip < 0) {
+          throw Error(ErrorCode::kNotFound,
+                      cat("--baseline '", o->baseline, "' is neither 'uniform' nor a chip type of ", o->cluster));
+        }
+        plan =
+            plan_training(CostModel(in.cluster.only(chip), in.model, in.train), PlannerOptions{o->budget, o->threads});
+        plan.model = in.model_name;
+      }
       print_plan(plan);
       std::printf(
           "search: %lld layouts generated, %lld pruned for memory, %lld pruned by the bound, %lld costed, in "

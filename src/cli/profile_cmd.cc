@@ -17,10 +17,44 @@
 
 namespace h2::cli {
 
+void profile_to_file(const std::string& cluster_file, const TransformerShape& shape, const std::string& model_label,
+                     int micro_batch, const std::string& out) {
+  const Cluster cluster = load_cluster(ConfigNode::load_file(cluster_file));
+  int devices = 0;
+  for (const NodeGroup& g : cluster.groups) devices += g.devices();
+  // Measure with the cores each rank of `h2 train --cluster` gets on this host.
+  const int share = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, devices));
+  omp_set_num_threads(share);
+  std::printf("profiling %zu chip type(s) of %s at the shapes of %s, micro-batch %d, %d thread(s) each\n",
+              cluster.chips.size(), cluster_file.c_str(), model_label.c_str(), micro_batch, share);
+  std::printf("%-10s %6s %12s %12s %14s %10s\n", "chip", "speed", "block ms", "head ms", "achieved GF/s", "optim GB/s");
+  std::vector<ChipMeasurement> chips;
+  for (const ChipType& t : cluster.chips) {
+    chips.push_back(measure_chip(cluster, t.name, shape, micro_batch));
+    const ChipMeasurement& m = chips.back();
+    std::printf("%-10s %6.2f %12.2f %12.2f %14.2f %10.2f\n", m.chip.c_str(), m.speed, m.layer_s * 1e3, m.head_s * 1e3,
+                m.flops_per_second / 1e9, m.optimizer_gbps);
+  }
+  const std::string link_file = out + ".link.json";
+  LaunchOptions options;
+  options.ranks = std::max(2, devices);
+  const LaunchResult r =
+      launch({std::filesystem::read_symlink("/proc/self/exe").string(), "profile", "--link-rank", "--out", link_file},
+             options);
+  if (r.exit_code != 0) throw Error(ErrorCode::kInternal, cat("link measurement failed: ", r.message));
+  const nlohmann::json lj = nlohmann::json::parse(read_file(link_file));
+  std::filesystem::remove(link_file);
+  const LinkMeasurement link{lj["bandwidth_gbps"].get<double>(), lj["latency_us"].get<double>()};
+  std::printf("link (DiComm over UCX, %d processes, pairs all-reducing at once): %.2f GB/s, %.1f us\n", options.ranks,
+              link.bandwidth_gbps, link.latency_us);
+  write_file_atomic(out, "# Measured by h2 profile from " + cluster_file + " at the shapes of " + model_label + "\n" +
+                             cluster_to_yaml(profiled_cluster(cluster, chips, link)));
+}
+
 void register_profile(CLI::App& app, Command& selected) {
   CLI::App* pr = app.add_subcommand("profile", "Measure this cluster's chips and links; write a profiled cluster file");
   struct ProfileCmd {
-    std::string cluster = "examples/cluster_local.yaml", model = "examples/model_small.yaml", train, out;
+    std::string cluster = "examples/cluster_local.yaml", model = "examples/model_small.yaml", out;
     int micro_batch = 1;
     bool link_rank = false;
   };
@@ -45,37 +79,7 @@ void register_profile(CLI::App& app, Command& selected) {
         job->world->barrier();
         return 0;
       }
-      const Cluster cluster = load_cluster(ConfigNode::load_file(o->cluster));
-      const TransformerShape shape = load_model(ConfigNode::load_file(o->model));
-      int devices = 0;
-      for (const NodeGroup& g : cluster.groups) devices += g.devices();
-      // Measure with the cores each rank of `h2 train --cluster` gets on this host.
-      const int share = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, devices));
-      omp_set_num_threads(share);
-      std::printf("profiling %zu chip type(s) of %s at the shapes of %s, micro-batch %d, %d thread(s) each\n",
-                  cluster.chips.size(), o->cluster.c_str(), o->model.c_str(), o->micro_batch, share);
-      std::printf("%-10s %6s %12s %12s %14s %10s\n", "chip", "speed", "block ms", "head ms", "achieved GF/s",
-                  "copy GB/s");
-      std::vector<ChipMeasurement> chips;
-      for (const ChipType& t : cluster.chips) {
-        chips.push_back(measure_chip(cluster, t.name, shape, o->micro_batch));
-        const ChipMeasurement& m = chips.back();
-        std::printf("%-10s %6.2f %12.2f %12.2f %14.2f %10.2f\n", m.chip.c_str(), m.speed, m.layer_s * 1e3,
-                    m.head_s * 1e3, m.flops_per_second / 1e9, m.copy_gbps);
-      }
-      const std::string link_file = o->out + ".link.json";
-      LaunchOptions options;
-      options.ranks = 2;
-      const LaunchResult r = launch(
-          {std::filesystem::read_symlink("/proc/self/exe").string(), "profile", "--link-rank", "--out", link_file},
-          options);
-      if (r.exit_code != 0) throw Error(ErrorCode::kInternal, cat("link measurement failed: ", r.message));
-      const nlohmann::json lj = nlohmann::json::parse(read_file(link_file));
-      std::filesystem::remove(link_file);
-      const LinkMeasurement link{lj["bandwidth_gbps"].get<double>(), lj["latency_us"].get<double>()};
-      std::printf("link (DiComm over UCX, two processes): %.2f GB/s, %.1f us\n", link.bandwidth_gbps, link.latency_us);
-      write_file_atomic(o->out, "# Measured by h2 profile from " + o->cluster + " at the shapes of " + o->model + "\n" +
-                                    cluster_to_yaml(profiled_cluster(cluster, chips, link)));
+      profile_to_file(o->cluster, load_model(ConfigNode::load_file(o->model)), o->model, o->micro_batch, o->out);
       std::printf("wrote %s\n", o->out.c_str());
       return 0;
     };

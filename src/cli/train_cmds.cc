@@ -141,7 +141,10 @@ void register_train(CLI::App& app, Command& selected) {
   });
 
   // --- h2 train ---
-  CLI::App* tr = app.add_subcommand("train", "Train the GPT on one device from a YAML config");
+  CLI::App* tr = app.add_subcommand(
+      "train",
+      "Train the GPT: with no arguments the built-in heterogeneous example; --config F on one device; --cluster C "
+      "across a cluster");
   struct TrainCmd {
     std::string config = "examples/train_moby.yaml";
     std::vector<std::string> overrides;
@@ -160,8 +163,18 @@ void register_train(CLI::App& app, Command& selected) {
   tr->add_option("--model", ho->model, "with --cluster: the planner's model file (replaces the config's model)");
   tr->add_option("--train", ho->train, "with --cluster: the planner's train setup (global batch, zero1, ...)");
   tr->add_option("--plan", ho->plan, "with --cluster: run this plan.json instead of planning");
+  tr->add_flag("--profile", ho->profile,
+               "with --cluster: measure the chips and links first (h2 profile), plan on that");
   tr->add_flag("--as-rank", ho->as_rank, "internal: run one rank of a --cluster job")->group("");
-  tr->callback([to, ho, &selected] {
+  tr->callback([tr, to, ho, &selected] {
+    // No arguments: the built-in heterogeneous example (README's main job).
+    if (tr->count("--config") == 0 && ho->cluster.empty() && to->resume_from.empty()) {
+      to->config = "examples/train_cluster.yaml";
+      ho->cluster = "examples/cluster_local.yaml";
+      ho->model = "examples/model_small.yaml";
+      ho->train = "examples/train_local.yaml";
+      ho->profile = ho->plan.empty();
+    }
     if (!ho->cluster.empty()) {
       ho->config = to->config;
       ho->overrides = to->overrides;
@@ -171,7 +184,7 @@ void register_train(CLI::App& app, Command& selected) {
       selected = [ho] { return run_hetero_train(*ho); };
       return;
     }
-    if (!ho->model.empty() || !ho->train.empty() || !ho->plan.empty()) {
+    if (!ho->model.empty() || !ho->train.empty() || !ho->plan.empty() || ho->profile) {
       throw CLI::ValidationError("--model, --train and --plan", "need --cluster");
     }
     selected = [to] {

@@ -7,6 +7,7 @@
 
 #include "device/registry.h"
 #include "model/gpt.h"
+#include "ops/ops.h"
 #include "pipeline/hetero_train.h"
 
 namespace h2 {
@@ -74,32 +75,39 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   }
   const double flops = 3.0 * B * (shape.layers * layer_forward_flops(shape, T) + head_forward_flops(shape, T));
   m.flops_per_second = flops / (shape.layers * m.layer_s + m.head_s);
-  const size_t bytes = size_t{64} << 20;
-  Tensor a = device->zeros(DType::kF32, {static_cast<int64_t>(bytes / 4)}),
-         b = device->empty(DType::kF32, {static_cast<int64_t>(bytes / 4)});
-  const double copy_s = time_median(3, [&] {
-    copy(b, a);
+  // The optimizer step: the cost model charges it optimizer_traffic_bytes (28) per parameter of memory
+  // traffic, so the rate measured here is the memory bandwidth that makes that formula true on this chip.
+  const int64_t n = int64_t{4} << 20;
+  Tensor w = device->zeros(DType::kF32, {n}), mo = device->zeros(DType::kF32, {n}),
+         ve = device->zeros(DType::kF32, {n}), g = device->zeros(DType::kF32, {n});
+  const double adamw_s = time_median(3, [&] {
+    ops::adamw_update(w, mo, ve, g, AdamwParams{});
     device->synchronize();
   });
-  m.copy_gbps = 2.0 * static_cast<double>(bytes) / copy_s / 1e9;
+  m.optimizer_gbps = 28.0 * static_cast<double>(n) / adamw_s / 1e9;
   return m;
 }
 
 LinkMeasurement measure_link(Communicator& world) {
   float result[2] = {0, 0};  // bandwidth GB/s, latency us
+  // Latency: ranks 0 and 1 exchange 8 bytes while the others wait.
   if (world.rank() < 2 && world.size() >= 2) {
     const int peer = 1 - world.rank();
-    auto exchange = [&](std::vector<char>& out, std::vector<char>& in) {
-      auto r = world.irecv(in.data(), in.size(), peer, 1);
-      auto s = world.isend(out.data(), out.size(), peer, 1);
-      world.wait_request(*r, "profile", peer);
-      world.wait_request(*s, "profile", peer);
-    };
-    std::vector<char> small_out(8), small_in(8), big_out(size_t{4} << 20), big_in(size_t{4} << 20);
-    const double small = time_median(50, [&] { exchange(small_out, small_in); });
-    const double big = time_median(10, [&] { exchange(big_out, big_in); });
-    result[1] = static_cast<float>(small * 1e6);
-    result[0] = static_cast<float>(static_cast<double>(big_out.size()) / std::max(1e-9, big - small) / 1e9);
+    std::vector<char> out(8), in(8);
+    result[1] = static_cast<float>(1e6 * time_median(50, [&] {
+                                     auto r = world.irecv(in.data(), in.size(), peer, 1);
+                                     auto s = world.isend(out.data(), out.size(), peer, 1);
+                                     world.wait_request(*r, "profile", peer);
+                                     world.wait_request(*s, "profile", peer);
+                                   }));
+  }
+  // Bandwidth under load, as training's gradient all-reduces meet it: every pair of ranks all-reduces a 32 MiB
+  // f32 buffer at the same time; for two ranks the ring's 2 (n-1)/n bytes / bandwidth is bytes / bandwidth.
+  Communicator pair = world.split(world.rank() / 2, world.rank());
+  if (pair.size() == 2) {
+    std::vector<float> grads(size_t{8} << 20, 1.0f);
+    const double t = time_median(3, [&] { pair.all_reduce(grads.data(), grads.size(), DType::kF32, ReduceOp::kSum); });
+    result[0] = static_cast<float>(static_cast<double>(grads.size() * 4) / t / 1e9);
   }
   world.broadcast(result, 2, DType::kF32, 0);
   return LinkMeasurement{result[0], result[1]};
@@ -113,7 +121,7 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     ChipType& t = out.chips[static_cast<size_t>(out.chip_index(m.chip))];
     t.peak_tflops = m.flops_per_second / 1e12;
     t.efficiency = 1.0;
-    t.memory_bandwidth_gbps = m.copy_gbps;
+    t.memory_bandwidth_gbps = m.optimizer_gbps;
   }
   if (link.bandwidth_gbps > 0) {
     for (NodeGroup& g : out.groups) {

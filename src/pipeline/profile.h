@@ -5,7 +5,8 @@
 // Per chip type (an emulated chip of that type here): one transformer block's forward + backward and the head's
 // (final LayerNorm, logits, loss) at the model's shapes and the micro-batch size, with the cores each rank will
 // get; the achieved FLOP rate over the whole model (L blocks + head, the cost model's FLOP counts) becomes the
-// chip's peak_tflops with efficiency 1, and a device-to-device copy its memory bandwidth. Per link: DiComm
+// chip's peak_tflops with efficiency 1, and the AdamW update's rate, as the bandwidth that makes the cost model's
+// optimizer formula (28 bytes of traffic per parameter) true, its memory bandwidth. Per link: DiComm
 // point-to-point between two processes, latency from 8-byte and bandwidth from 4 MiB exchanges, applied to every
 // link and NIC of the cluster (on one host they are all the same path).
 #pragma once
@@ -24,7 +25,7 @@ struct ChipMeasurement {
   double layer_s = 0;           // one block, forward + backward, one micro-batch
   double head_s = 0;            // the head, forward + loss + backward
   double flops_per_second = 0;  // achieved over L blocks + head
-  double copy_gbps = 0;         // bytes read + written per second
+  double optimizer_gbps = 0;    // AdamW's rate as the memory bandwidth the cost model's formula needs
 };
 
 struct LinkMeasurement {
@@ -34,7 +35,7 @@ struct LinkMeasurement {
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch);
-// Rank 0 and 1 of `world` exchange messages (other ranks wait at a barrier). Every rank gets the result.
+// A collective over `world`; every rank gets the result.
 LinkMeasurement measure_link(Communicator& world);
 
 // The cluster with the measured figures in place of the datasheet's.

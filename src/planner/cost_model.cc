@@ -3,9 +3,11 @@
 
 namespace h2 {
 
-CostModel::CostModel(const Cluster& cluster, const TransformerShape& model, const TrainSetup& train,
-                     CostConstants constants)
-    : cluster_(cluster), model_(model), train_(train), k_(constants) {}
+CostModel::CostModel(const Cluster& cluster, const TransformerShape& model, const TrainSetup& train)
+    : cluster_(cluster),
+      model_(model),
+      train_(train),
+      k_(train.precision == Precision::kF32 ? CostConstants::f32() : CostConstants{}) {}
 
 double CostModel::compute_s(int chip, double flops) const {
   return flops / cluster_.chips[static_cast<size_t>(chip)].flops_per_second();
@@ -75,6 +77,11 @@ double CostModel::dp_allreduce_s(int chip, int tp, int dp, double params_per_dev
   const bool one_node = tp * dp <= g.chips_per_node;
   return ring_allreduce_s(params_per_device * k_.grad_bytes, dp, one_node ? g.intra_node_gbps : g.nic_gbps,
                           one_node ? g.intra_node_latency_us : g.nic_latency_us);
+}
+
+double CostModel::tied_allreduce_s(int a, int b, double params) const {
+  const GroupLink link = cluster_.link(a, b);
+  return ring_allreduce_s(params * k_.grad_bytes, 2, link.bandwidth_gbps, link.latency_us);
 }
 
 double CostModel::optimizer_s(int chip, int dp, double params_per_device) const {

@@ -24,12 +24,18 @@ struct CostConstants {
   double logits_bytes = 4;              // the loss computes in fp32 over (B, T, V / tp)
   double optimizer_traffic_bytes = 28;  // per parameter and step: read+write master, m, v (24) + grad + weight
   double workspace_fraction = 0.05;     // memory kept free for allocator slack and library workspaces
+
+  // All f32 (H2's runtime today): 4-byte weights, gradients and activations; Adam m and v (8) beside weights
+  // that are their own master copy; traffic read+write of weight, m, v (24) + the gradient (4).
+  static CostConstants f32() {
+    return CostConstants{.weight_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
+  }
 };
 
 class CostModel {
  public:
-  CostModel(const Cluster& cluster, const TransformerShape& model, const TrainSetup& train,
-            CostConstants constants = {});
+  // The constants follow train.precision.
+  CostModel(const Cluster& cluster, const TransformerShape& model, const TrainSetup& train);
 
   const Cluster& cluster() const { return cluster_; }
   const TransformerShape& model() const { return model_; }
@@ -46,6 +52,9 @@ class CostModel {
   double transfer_s(int from, int tp_from, int to, int tp_to, int b) const;
   // Gradient all-reduce over the stage's dp replicas of `params` parameters held per device.
   double dp_allreduce_s(int chip, int tp, int dp, double params_per_device) const;
+  // The tied token embedding's gradient summed between the first stage (chip a) and the last (chip b), which
+  // keep identical copies (Megatron-LM's embedding group): a 2-rank all-reduce over the link between them.
+  double tied_allreduce_s(int a, int b, double params) const;
   double optimizer_s(int chip, int dp, double params_per_device) const;
 
   // --- memory, bytes per device ---

@@ -184,6 +184,10 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
       params += static_cast<double>(head_params(s)) +
                 (p > 1 && s.tied_embeddings ? static_cast<double>(s.vocab * s.hidden) : 0);
     st.dp_allreduce_s = c.dp_allreduce_s(t.chip, t.tp, layout.dp, params / t.tp);
+    if (p > 1 && s.tied_embeddings && (t.embedding || t.head)) {
+      st.dp_allreduce_s +=
+          c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden) / t.tp);
+    }
     st.optimizer_s = c.optimizer_s(t.chip, layout.dp, params / t.tp);
     st.state_bytes = n * t.state_layer_bytes + (t.fixed_bytes - (t.head ? c.head_activation_bytes(t.tp, b) : 0) -
                                                 (t.embedding ? t.in_flight * static_cast<double>(b) * s.seq_len *

@@ -190,8 +190,11 @@ TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape&) {
   TrainSetup t;
   t.global_batch = positive_int(root, "global_batch");
   const std::string precision = root.get<std::string>("precision", "bf16");
-  if (precision != "bf16")
-    root.at("precision").fail("only bf16 (bf16 compute, fp32 master weights and Adam) is modelled");
+  if (precision == "f32") {
+    t.precision = Precision::kF32;
+  } else if (precision != "bf16") {
+    root.at("precision").fail("must be bf16 (bf16 compute, fp32 master weights and Adam) or f32 (all f32)");
+  }
   if (auto r = root.find("recompute")) {
     t.allowed_recompute.clear();
     for (const ConfigNode& item : r->items()) {

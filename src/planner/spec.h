@@ -61,10 +61,13 @@ struct Cluster {
   Cluster only(int chip) const;
 };
 
-enum class Precision { kBf16 };
+// bf16: bf16 compute with fp32 master weights and Adam moments (mixed precision); f32: everything in f32, as
+// H2's own runtime trains today.
+enum class Precision { kBf16, kF32 };
 
 struct TrainSetup {
   int64_t global_batch = 0;  // sequences per optimizer step
+  Precision precision = Precision::kBf16;
   std::vector<Recompute> allowed_recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   bool zero1 = true;  // shard the fp32 master weights and Adam moments across data-parallel ranks
   std::vector<int> micro_batches = {1, 2, 4, 8};  // micro-batch sizes the search may use
