@@ -160,7 +160,7 @@ int run_hetero_train(const HeteroTrainCmd& cmd) {
       summary["measured_step_s"].get<double>(), summary["measured_tokens_per_s"].get<double>(),
       summary["simulated_step_s"].get<double>(), ratio, summary["planned_tokens_per_s"].get<double>(),
       in.run.config.out_dir.c_str());
-  print_baselines(costs, in.run.plan, planned_on);
+  if (cmd.plan.empty()) print_baselines(costs, in.run.plan, planned_on);  // a given plan was made elsewhere
   return 0;
 }
 
