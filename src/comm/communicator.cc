@@ -36,8 +36,12 @@ void Communicator::wait(Request& request, const char* op, int peer, int step) {
   try {
     request.wait(options_.timeout);
   } catch (const CommError& e) {
-    throw CommError(
-        cat(op, " (rank ", rank_, " of ", size(), ", step ", step, ") waiting for rank ", peer, ": ", e.what()));
+    // In a sub-group, also say which job rank that is: the transport's part of the message uses job ranks.
+    const bool world = members_.size() == static_cast<size_t>(transport_->size());
+    const std::string who = world || peer < 0 || peer >= size()
+                                ? cat("rank ", peer)
+                                : cat("group rank ", peer, " (job rank ", members_[static_cast<size_t>(peer)], ")");
+    throw CommError(cat(op, " (rank ", rank_, " of ", size(), ", step ", step, ") waiting for ", who, ": ", e.what()));
   }
 }
 

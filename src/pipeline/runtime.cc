@@ -124,7 +124,7 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
         }
         break;
       case ActionType::kSendF:
-        sends_.push_back(pipe_.isend(out_[m], stage_ + 1, activation_tag(a.micro_batch)));
+        sends_.emplace_back(stage_ + 1, pipe_.isend(out_[m], stage_ + 1, activation_tag(a.micro_batch)));
         break;
       case ActionType::kRecvB:
         pipe_.recv(dout_, stage_ + 1, gradient_tag(a.micro_batch));
@@ -133,7 +133,7 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
         backward(a.micro_batch, batch);
         break;
       case ActionType::kSendB:
-        sends_.push_back(pipe_.isend(gout_[m], stage_ - 1, gradient_tag(a.micro_batch)));
+        sends_.emplace_back(stage_ - 1, pipe_.isend(gout_[m], stage_ - 1, gradient_tag(a.micro_batch)));
         break;
       case ActionType::kReduceGrad:
         reduce_gradients();
@@ -147,8 +147,8 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
       on_action(a, t0, seconds_now());
     }
   }
-  for (auto& request : sends_) {
-    if (request) comms_.pipe.wait_request(*request, "pipeline send", -1);
+  for (auto& [peer, request] : sends_) {
+    if (request) comms_.pipe.wait_request(*request, "pipeline send", peer);
   }
   sends_.clear();
   // The step's loss: the mean over micro-batches on the last stage, averaged over replicas, then sent along.

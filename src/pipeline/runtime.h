@@ -95,7 +95,7 @@ class StageRunner {
   std::vector<Tensor> stash_;       // per micro-batch: the stage's input activations (not on the first stage)
   std::vector<Tensor> out_, gout_;  // per micro-batch: activations and input gradients being sent
   Tensor tokens_, targets_, dout_, norm_acc_;
-  std::vector<std::unique_ptr<Request>> sends_;
+  std::vector<std::pair<int, std::unique_ptr<Request>>> sends_;  // (stage, request) in flight this step
   double loss_sum_ = 0, grad_norm_ = 0;
 };
 
