@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/clock.h"
 #include "core/file.h"
 #include "device/registry.h"
 #include "model/dataset.h"
@@ -20,10 +21,6 @@ namespace h2 {
 namespace {
 
 namespace fs = std::filesystem;
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 fs::path trace_part(const HeteroRun& run, int rank) {
   return fs::path(run.config.out_dir) / "trace_parts" / cat("rank_", rank, ".json");
@@ -154,19 +151,13 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
       if (step > first_step) save(step);  // what was trained is kept
       break;
     }
-    const double t0 = seconds_now();
+    const double t0 = monotonic_seconds();
     if (loader) {
       for (int m = 0; m < M; ++m) loader->next(tokens[static_cast<size_t>(m)], targets[static_cast<size_t>(m)]);
     }
     const double lr = learning_rate(c, step);
-    const float loss = runner.step(schedule, batch,
-                                   AdamwParams{.lr = static_cast<float>(lr),
-                                               .beta1 = static_cast<float>(c.beta1),
-                                               .beta2 = static_cast<float>(c.beta2),
-                                               .eps = static_cast<float>(c.eps),
-                                               .weight_decay = static_cast<float>(c.weight_decay),
-                                               .step = step + 1});
-    const double dt = seconds_now() - t0;
+    const float loss = runner.step(schedule, batch, adamw_params(c, step));
+    const double dt = monotonic_seconds() - t0;
     if (step >= 2) {
       measured += dt;
       ++measured_steps;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/clock.h"
 #include "device/registry.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
@@ -13,18 +14,14 @@
 namespace h2 {
 namespace {
 
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // The median of `reps` timings of fn() after one warm-up call.
 double time_median(int reps, const std::function<void()>& fn) {
   fn();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
-    const double t0 = seconds_now();
+    const double t0 = monotonic_seconds();
     fn();
-    t.push_back(seconds_now() - t0);
+    t.push_back(monotonic_seconds() - t0);
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];

@@ -4,15 +4,12 @@
 #include <chrono>
 #include <cmath>
 
+#include "core/clock.h"
 #include "ops/ops.h"
 #include "train/trainer.h"
 
 namespace h2 {
 namespace {
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 uint32_t activation_tag(int m) { return static_cast<uint32_t>(2 * m); }
 uint32_t gradient_tag(int m) { return static_cast<uint32_t>(2 * m + 1); }
@@ -110,7 +107,7 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
   holds_ = -1;
   for (const Action& a : schedule.actions[static_cast<size_t>(rank)]) {
     const size_t m = static_cast<size_t>(a.micro_batch);
-    const double t0 = on_action ? seconds_now() : 0;
+    const double t0 = on_action ? monotonic_seconds() : 0;
     switch (a.type) {
       case ActionType::kRecvF:
         pipe_.recv(stash_[m], stage_ - 1, activation_tag(a.micro_batch));
@@ -144,7 +141,7 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
     }
     if (on_action) {
       device_.synchronize();
-      on_action(a, t0, seconds_now());
+      on_action(a, t0, monotonic_seconds());
     }
   }
   for (auto& [peer, request] : sends_) {

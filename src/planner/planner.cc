@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "device/device.h"
 
@@ -17,8 +18,6 @@ namespace h2 {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string gib(double bytes) {
   char buf[32];
@@ -507,7 +506,7 @@ struct Search {
     for (size_t i = 0; i < k; ++i) options[i] = type_options(c, chips[i], dp, b, tier);
     std::vector<size_t> pick(k, 0);
     while (true) {
-      if (now_s() > deadline) {
+      if (monotonic_seconds() > deadline) {
         out_of_time = true;
         return;
       }
@@ -584,7 +583,7 @@ struct Search {
 }  // namespace
 
 Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStats* stats) {
-  const double t0 = now_s();
+  const double t0 = monotonic_seconds();
   Search search{c, options, "", {}, t0 + options.time_budget_s};
   int devices = 0;
   for (size_t i = 0; i < c.cluster().chips.size(); ++i) {
@@ -642,7 +641,7 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     stats->pruned_memory = search.pruned_memory;
     stats->pruned_bound = search.pruned_bound;
     stats->evaluated = search.evaluated;
-    stats->seconds = now_s() - t0;
+    stats->seconds = monotonic_seconds() - t0;
     stats->budget_exhausted = search.out_of_time;
     stats->tier = search.tier;
   }

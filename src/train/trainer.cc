@@ -10,6 +10,7 @@
 #include <numbers>
 #include <sstream>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "core/log.h"
@@ -20,10 +21,6 @@
 namespace h2 {
 namespace fs = std::filesystem;
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string format_duration(double seconds) {
   const auto s = static_cast<int64_t>(seconds + 0.5);
@@ -133,6 +130,15 @@ double learning_rate(const TrainConfig& c, int64_t step) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
+AdamwParams adamw_params(const TrainConfig& c, int64_t step) {
+  return AdamwParams{.lr = static_cast<float>(learning_rate(c, step)),
+                     .beta1 = static_cast<float>(c.beta1),
+                     .beta2 = static_cast<float>(c.beta2),
+                     .eps = static_cast<float>(c.eps),
+                     .weight_decay = static_cast<float>(c.weight_decay),
+                     .step = step + 1};
+}
+
 void adamw_step(Gpt& model, const OptimizerState& optimizer, const AdamwParams& hp) {
   int64_t offset = 0;
   for (const Gpt::Param& p : model.params()) {
@@ -213,11 +219,11 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
                     c.keep_checkpoints);
   };
 
-  const double t_start = now_seconds();
+  const double t_start = monotonic_seconds();
   const int64_t first_step = step;
   const double tokens_per_step = static_cast<double>(c.batch_size) * c.seq_len;
   while (step < c.steps) {
-    const double t0 = now_seconds();
+    const double t0 = monotonic_seconds();
     const double lr = learning_rate(c, step);
     train_loader.next(host_in, host_tgt);
     copy_from_host(tokens, host_in.data());
@@ -238,16 +244,10 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
                                             loss, ", norm ", norm, "); lower optim.lr or set optim.grad_clip"));
     }
     if (c.grad_clip > 0 && norm > c.grad_clip) ops::scale(model.flat_grads(), static_cast<float>(c.grad_clip / norm));
-    adamw_step(model, optimizer,
-               AdamwParams{.lr = static_cast<float>(lr),
-                           .beta1 = static_cast<float>(c.beta1),
-                           .beta2 = static_cast<float>(c.beta2),
-                           .eps = static_cast<float>(c.eps),
-                           .weight_decay = static_cast<float>(c.weight_decay),
-                           .step = step + 1});
+    adamw_step(model, optimizer, adamw_params(c, step));
     device->synchronize();
     ++step;
-    const double t1 = now_seconds();
+    const double t1 = monotonic_seconds();
     const double tok_s = tokens_per_step / (t1 - t0);
     result.losses.push_back(loss);
     result.last_loss = loss;
@@ -281,7 +281,7 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
     }
   }
   result.steps_done = step;
-  result.tokens_per_second = tokens_per_step * static_cast<double>(step - first_step) / (now_seconds() - t_start);
+  result.tokens_per_second = tokens_per_step * static_cast<double>(step - first_step) / (monotonic_seconds() - t_start);
   return result;
 }
 

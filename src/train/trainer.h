@@ -49,6 +49,8 @@ struct TrainConfig {
 };
 
 double learning_rate(const TrainConfig& config, int64_t step);
+// The AdamW hyperparameters of (0-based) step `step`: the config's, with that step's learning rate.
+AdamwParams adamw_params(const TrainConfig& config, int64_t step);
 
 // One AdamW step over every parameter of `model` with the moments in `optimizer` (laid out like the flat
 // parameters). `hp.weight_decay` applies to the parameters marked for decay only.

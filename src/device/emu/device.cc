@@ -4,16 +4,13 @@
 #include <chrono>
 #include <thread>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "ops/cpu/kernels.h"
 
 namespace h2 {
 namespace {
-
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void sleep_seconds(double seconds) { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); }
 
@@ -27,7 +24,7 @@ class EmuDevice final : public Device {
                            .compute_speed = profile.speed,
                            .mem_bandwidth_gbps = profile.mem_bandwidth_gbps,
                            .emulated = true}),
-        pacer_(profile.speed, profile.mem_bandwidth_gbps, steady_seconds, sleep_seconds) {
+        pacer_(profile.speed, profile.mem_bandwidth_gbps, monotonic_seconds, sleep_seconds) {
     log_warn("device ", name(), " is an EMULATED '", profile.chip, "' chip running on this host's CPU: speed ",
              profile.speed, "x the host, memory capped at ", format_bytes(profile.mem_capacity_bytes),
              profile.mem_bandwidth_gbps > 0 ? cat(", copies at ", profile.mem_bandwidth_gbps, " GB/s") : "",
@@ -37,9 +34,9 @@ class EmuDevice final : public Device {
   const Kernels& kernels() const override { return cpu_kernels(); }
 
   void launch(const char* /*op_name*/, const std::function<void()>& kernel) override {
-    const double t0 = steady_seconds();
+    const double t0 = monotonic_seconds();
     kernel();
-    pacer_.after_kernel(steady_seconds() - t0);
+    pacer_.after_kernel(monotonic_seconds() - t0);
   }
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
     timed_copy(bytes, [&] { Device::copy_h2d(dst, src, bytes); });
@@ -58,9 +55,9 @@ class EmuDevice final : public Device {
  private:
   template <typename Fn>
   void timed_copy(size_t bytes, Fn&& fn) {
-    const double t0 = steady_seconds();
+    const double t0 = monotonic_seconds();
     fn();
-    pacer_.after_copy(bytes, steady_seconds() - t0);
+    pacer_.after_copy(bytes, monotonic_seconds() - t0);
   }
 
   Pacer pacer_;
