@@ -140,7 +140,8 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
   };
   RankOutcome out;
   const double tokens_per_step = static_cast<double>(plan.global_batch) * T;
-  double measured = 0;
+  // Step time: the mean after two warm-up steps (when the run has more than two), else over every step.
+  double measured = 0, all = 0;
   int64_t measured_steps = 0;
   for (step = first_step; step < c.steps; ++step) {
     // Every rank stops at the same step: rank 0's wish (or anyone's) is agreed on first.
@@ -158,7 +159,8 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     const double lr = learning_rate(c, step);
     const float loss = runner.step(schedule, batch, adamw_params(c, step));
     const double dt = monotonic_seconds() - t0;
-    if (step >= 2) {
+    all += dt;
+    if (step >= first_step + 2) {
       measured += dt;
       ++measured_steps;
     }
@@ -179,7 +181,10 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     }
     if (step + 1 == c.steps || (c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0)) save(step + 1);
   }
-  out.step_seconds = measured_steps > 0 ? measured / static_cast<double>(measured_steps) : 0;
+  const int64_t ran = out.steps_done - first_step;
+  out.step_seconds = measured_steps > 0 ? measured / static_cast<double>(measured_steps)
+                     : ran > 0          ? all / static_cast<double>(ran)
+                                        : 0;
   fs::create_directories(trace_part(run, rank).parent_path());
   write_file_atomic(trace_part(run, rank).string(), trace.dump());
   if (rank == 0) {

@@ -42,7 +42,7 @@ EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip);
 struct RankOutcome {
   int64_t steps_done = 0;
   float last_loss = 0;
-  double step_seconds = 0;  // measured, mean over the steps after the first two (warm-up)
+  double step_seconds = 0;  // measured: mean after two warm-up steps (over all steps in shorter runs)
   bool interrupted = false;
 };
 
