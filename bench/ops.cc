@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/rng.h"
 #include "device/registry.h"
 
@@ -30,20 +31,8 @@ constexpr int B = 4, T = 256, C = 768, NH = 12, V = 50257;
 constexpr int64_t N = int64_t{B} * T;
 int g_reps = 7;
 
-double seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 // Median wall time of fn() over g_reps runs after one warm-up run.
-double time_median(const std::function<void()>& fn) {
-  fn();
-  std::vector<double> times;
-  for (int i = 0; i < g_reps; ++i) {
-    const double t0 = seconds();
-    fn();
-    times.push_back(seconds() - t0);
-  }
-  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
-  return times[times.size() / 2];
-}
+double time_median(const std::function<void()>& fn) { return median_seconds(g_reps, fn); }
 
 Tensor randn(Device& dev, Shape shape, uint64_t seed, float scale = 1.0f) {
   Tensor t = dev.empty(DType::kF32, shape);
@@ -207,12 +196,12 @@ void emu_table() {
     run_slow();
     std::vector<double> fast_times, slow_times, ratios;
     for (int i = 0; i < g_reps; ++i) {
-      double t0 = seconds();
+      double t0 = monotonic_seconds();
       run_fast();
-      fast_times.push_back(seconds() - t0);
-      t0 = seconds();
+      fast_times.push_back(monotonic_seconds() - t0);
+      t0 = monotonic_seconds();
       run_slow();
-      slow_times.push_back(seconds() - t0);
+      slow_times.push_back(monotonic_seconds() - t0);
       ratios.push_back(slow_times.back() / fast_times.back());
     }
     auto median = [](std::vector<double> v) {

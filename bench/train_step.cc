@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/rng.h"
 #include "device/registry.h"
 #include "model/costs.h"
@@ -22,8 +23,6 @@
 extern "C" char* openblas_get_corename(void);
 
 namespace {
-
-double seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 double median(std::vector<double> v) {
   std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
@@ -36,10 +35,10 @@ double sgemm_gflops(int n, int c) {
       out(static_cast<size_t>(n) * 4 * c);
   std::vector<double> times;
   for (int i = 0; i < 6; ++i) {
-    const double t0 = seconds();
+    const double t0 = h2::monotonic_seconds();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, 4 * c, c, 1.0f, a.data(), c, b.data(), c, 0.0f, out.data(),
                 4 * c);
-    times.push_back(seconds() - t0);
+    times.push_back(h2::monotonic_seconds() - t0);
   }
   return 2.0 * n * c * 4.0 * c / median(times) * 1e-9;
 }
@@ -87,9 +86,9 @@ int main(int argc, char** argv) {
   step(1);  // warm-up
   std::vector<double> times;
   for (int i = 0; i < steps; ++i) {
-    const double t0 = seconds();
+    const double t0 = h2::monotonic_seconds();
     step(i + 2);
-    times.push_back(seconds() - t0);
+    times.push_back(h2::monotonic_seconds() - t0);
   }
   const double t_step = median(times);
   const TransformerShape s = config.shape();

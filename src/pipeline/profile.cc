@@ -12,22 +12,6 @@
 #include "pipeline/hetero_train.h"
 
 namespace h2 {
-namespace {
-
-// The median of `reps` timings of fn() after one warm-up call.
-double time_median(int reps, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const double t0 = monotonic_seconds();
-    fn();
-    t.push_back(monotonic_seconds() - t0);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch) {
@@ -54,7 +38,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   {
     Gpt block(config, *device, GptRange{false, 0, 1, false}, B, T);
     block.init(1);
-    m.layer_s = time_median(3, [&] {
+    m.layer_s = median_seconds(3, [&] {
       block.forward(x);
       block.backward(dout);
       device->synchronize();
@@ -63,7 +47,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   {
     Gpt head(config, *device, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
     head.init(1);
-    m.head_s = time_median(3, [&] {
+    m.head_s = median_seconds(3, [&] {
       head.forward(x);
       head.loss(targets);
       head.backward();
@@ -77,7 +61,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   const int64_t n = int64_t{4} << 20;
   Tensor w = device->zeros(DType::kF32, {n}), mo = device->zeros(DType::kF32, {n}),
          ve = device->zeros(DType::kF32, {n}), g = device->zeros(DType::kF32, {n});
-  const double adamw_s = time_median(3, [&] {
+  const double adamw_s = median_seconds(3, [&] {
     ops::adamw_update(w, mo, ve, g, AdamwParams{});
     device->synchronize();
   });
@@ -91,7 +75,7 @@ LinkMeasurement measure_link(Communicator& world) {
   if (world.rank() < 2 && world.size() >= 2) {
     const int peer = 1 - world.rank();
     std::vector<char> out(8), in(8);
-    result[1] = static_cast<float>(1e6 * time_median(50, [&] {
+    result[1] = static_cast<float>(1e6 * median_seconds(50, [&] {
                                      auto r = world.irecv(in.data(), in.size(), peer, 1);
                                      auto s = world.isend(out.data(), out.size(), peer, 1);
                                      world.wait_request(*r, "profile", peer);
@@ -103,7 +87,8 @@ LinkMeasurement measure_link(Communicator& world) {
   Communicator pair = world.split(world.rank() / 2, world.rank());
   if (pair.size() == 2) {
     std::vector<float> grads(size_t{8} << 20, 1.0f);
-    const double t = time_median(3, [&] { pair.all_reduce(grads.data(), grads.size(), DType::kF32, ReduceOp::kSum); });
+    const double t =
+        median_seconds(3, [&] { pair.all_reduce(grads.data(), grads.size(), DType::kF32, ReduceOp::kSum); });
     result[0] = static_cast<float>(static_cast<double>(grads.size() * 4) / t / 1e9);
   }
   world.broadcast(result, 2, DType::kF32, 0);
