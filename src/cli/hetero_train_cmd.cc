@@ -53,8 +53,7 @@ Inputs load(const HeteroTrainCmd& cmd) {
     in.setup.global_batch = in.run.config.batch_size;
     in.setup.zero1 = false;
   }
-  if (in.setup.max_tp == 0) in.setup.max_tp = 1;  // the runtime has no tensor parallelism yet
-  in.setup.precision = Precision::kF32;           // and trains in f32: plan what it runs
+  in.setup.precision = Precision::kF32;  // the runtime trains in f32: plan what it runs
   in.run.config.batch_size = static_cast<int>(in.setup.global_batch);
   in.run.zero1 = in.setup.zero1;
   in.run.resume = cmd.resume;
@@ -135,7 +134,8 @@ int run_hetero_train(const HeteroTrainCmd& cmd) {
     in.run.plan = load_plan(cmd.plan);
   }
   print_plan(in.run.plan);
-  const int ranks = static_cast<int>(in.run.plan.stages.size()) * in.run.plan.dp;
+  check_plan_runs(in.run.plan, in.run.config.model);
+  const int ranks = stage_layout_of(in.run.plan).world_size();
   const std::string plan_path = (fs::path(in.run.config.out_dir) / "plan.json").string();
   save_plan(in.run.plan, plan_path);
   std::printf("launching %d ranks (one per device; emulated chips on this host); outputs in %s\n", ranks,

@@ -19,12 +19,38 @@ uint64_t name_hash(const std::string& name) {
 
 struct ParamSpec {
   std::string name;
-  Shape shape;
+  Shape shape;  // in the whole model
   bool decay;
   bool transposed;
+  TpSplit split = TpSplit::kNone;
 };
 
+// A parameter's shard shape on one of `size` tensor-parallel ranks.
+Shape shard_shape(const ParamSpec& s, int size) {
+  if (s.split == TpSplit::kNone || size == 1) return s.shape;
+  const int dim = s.split == TpSplit::kCols ? 1 : 0;
+  return s.shape.with_dim(dim, s.shape[dim] / size);
+}
+
 }  // namespace
+
+void tp_runs(TpSplit split, const Shape& full, int rank, int size,
+             const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  if (split == TpSplit::kNone || size == 1) {
+    fn(0, 0, full.numel());
+    return;
+  }
+  const int64_t rows = full[0], inner = full.numel() / rows;
+  if (split == TpSplit::kCols) {  // each row's block of columns
+    const int64_t cols = inner / size;
+    for (int64_t r = 0; r < rows; ++r) fn(r * inner + rank * cols, r * cols, cols);
+    return;
+  }
+  const int64_t groups = split == TpSplit::kQkvRows ? 3 : 1, group_rows = rows / groups, mine = group_rows / size;
+  for (int64_t g = 0; g < groups; ++g) {
+    fn((g * group_rows + rank * mine) * inner, g * mine * inner, mine * inner);
+  }
+}
 
 TransformerShape GptConfig::shape() const {
   return TransformerShape{.layers = n_layer,
@@ -70,9 +96,17 @@ GptConfig GptConfig::from_config(const ConfigNode& node) {
   return c;
 }
 
-Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T)
-    : config_(config), range_(range), device_(&device), B_(B), T_(T) {
+Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, TensorParallel tp)
+    : config_(config), range_(range), tp_(std::move(tp)), device_(&device), B_(B), T_(T) {
   config_.validate();
+  if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size || config.n_head % tp_.size != 0) {
+    throw Error(ErrorCode::kInvalidArgument, cat("model: tensor-parallel rank ", tp_.rank, " of ", tp_.size,
+                                                 " does not divide n_head = ", config.n_head,
+                                                 "; pick a TP degree that divides the number of heads"));
+  }
+  if (tp_.size > 1 && !tp_.all_reduce) {
+    throw Error(ErrorCode::kInvalidArgument, "model: tensor parallelism needs the group's all-reduce");
+  }
   if (range.first_block < 0 || range.end_block > config.n_layer || range.first_block > range.end_block) {
     throw Error(ErrorCode::kInvalidArgument, cat("model range: blocks [", range.first_block, ", ", range.end_block,
                                                  ") are outside the model's ", config.n_layer, " blocks"));
@@ -83,7 +117,8 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T)
                     " must be positive with the sequence at most seq_len = ", config.seq_len));
   }
   const int64_t C = config.n_embd, V = config.vocab_size;
-  const int64_t NH = config.n_head, bt = int64_t{B} * T;
+  const int64_t NH = config.n_head / tp_.size, bt = int64_t{B} * T;  // heads, and below C/tp units, per rank
+  const int64_t Cs = C / tp_.size;
 
   // Parameters, in Hugging Face GPT-2 order.
   std::vector<ParamSpec> specs;
@@ -93,15 +128,15 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T)
     const std::string p = cat("h.", b, ".");
     specs.push_back({p + "ln_1.weight", {C}, false, false});
     specs.push_back({p + "ln_1.bias", {C}, false, false});
-    specs.push_back({p + "attn.c_attn.weight", {3 * C, C}, true, true});
-    specs.push_back({p + "attn.c_attn.bias", {3 * C}, false, false});
-    specs.push_back({p + "attn.c_proj.weight", {C, C}, true, true});
+    specs.push_back({p + "attn.c_attn.weight", {3 * C, C}, true, true, TpSplit::kQkvRows});
+    specs.push_back({p + "attn.c_attn.bias", {3 * C}, false, false, TpSplit::kQkvRows});
+    specs.push_back({p + "attn.c_proj.weight", {C, C}, true, true, TpSplit::kCols});
     specs.push_back({p + "attn.c_proj.bias", {C}, false, false});
     specs.push_back({p + "ln_2.weight", {C}, false, false});
     specs.push_back({p + "ln_2.bias", {C}, false, false});
-    specs.push_back({p + "mlp.c_fc.weight", {4 * C, C}, true, true});
-    specs.push_back({p + "mlp.c_fc.bias", {4 * C}, false, false});
-    specs.push_back({p + "mlp.c_proj.weight", {C, 4 * C}, true, true});
+    specs.push_back({p + "mlp.c_fc.weight", {4 * C, C}, true, true, TpSplit::kRows});
+    specs.push_back({p + "mlp.c_fc.bias", {4 * C}, false, false, TpSplit::kRows});
+    specs.push_back({p + "mlp.c_proj.weight", {C, 4 * C}, true, true, TpSplit::kCols});
     specs.push_back({p + "mlp.c_proj.bias", {C}, false, false});
   }
   if (range.head) {
@@ -109,14 +144,15 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T)
     specs.push_back({"ln_f.bias", {C}, false, false});
   }
   int64_t total = 0;
-  for (const ParamSpec& s : specs) total += s.shape.numel();
+  for (const ParamSpec& s : specs) total += shard_shape(s, tp_.size).numel();
   flat_params_ = device.empty(DType::kF32, {total});
   flat_grads_ = device.zeros(DType::kF32, {total});
   int64_t offset = 0;
   for (const ParamSpec& s : specs) {
-    const int64_t n = s.shape.numel();
-    params_.push_back({s.name, flat_params_.slice(offset, offset + n).reshape(s.shape),
-                       flat_grads_.slice(offset, offset + n).reshape(s.shape), s.decay, s.transposed});
+    const Shape shape = shard_shape(s, tp_.size);
+    const int64_t n = shape.numel();
+    params_.push_back({s.name, flat_params_.slice(offset, offset + n).reshape(shape),
+                       flat_grads_.slice(offset, offset + n).reshape(shape), s.decay, s.transposed, s.split, s.shape});
     offset += n;
   }
   auto find = [&](const std::string& name) {
@@ -144,9 +180,9 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T)
   auto f32 = [&](Shape s) { return device.empty(DType::kF32, s); };
   if (range.embedding) encoded_ = f32({B, T, C});
   for (int b = range.first_block; b < range.end_block; ++b) {
-    acts_.push_back({f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * C}), f32({B, T, C}), f32({B, NH, T, T}),
-                     f32({B, T, C}), f32({B, T, C}), f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * C}),
-                     f32({B, T, 4 * C}), f32({B, T, C}), f32({B, T, C})});
+    acts_.push_back({f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * Cs}), f32({B, T, Cs}), f32({B, NH, T, T}),
+                     f32({B, T, C}), f32({B, T, C}), f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * Cs}),
+                     f32({B, T, 4 * Cs}), f32({B, T, C}), f32({B, T, C})});
   }
   if (range.head) {
     lnf_ = f32({B, T, C});
@@ -162,17 +198,17 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T)
     g_ln_ = f32({B, T, C});
     g_tmp_ = f32({B, T, C});
     g_res2_ = f32({B, T, C});
-    g_atty_ = f32({B, T, C});
-    g_qkv_ = f32({B, T, 3 * C});
-    g_fch_ = f32({B, T, 4 * C});
-    g_fch_gelu_ = f32({B, T, 4 * C});
+    g_atty_ = f32({B, T, Cs});
+    g_qkv_ = f32({B, T, 3 * Cs});
+    g_fch_ = f32({B, T, 4 * Cs});
+    g_fch_gelu_ = f32({B, T, 4 * Cs});
   }
 }
 
 void Gpt::init(uint64_t seed) {
   const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * config_.n_layer);
   for (const Param& p : params_) {
-    std::vector<float> host(static_cast<size_t>(p.value.numel()));
+    std::vector<float> host(static_cast<size_t>(p.full_shape.numel())), shard(static_cast<size_t>(p.value.numel()));
     const bool is_bias = p.name.ends_with(".bias");
     const bool is_norm_gain = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
     if (is_norm_gain) {
@@ -182,7 +218,9 @@ void Gpt::init(uint64_t seed) {
       Rng rng(seed ^ name_hash(p.name));
       for (float& x : host) x = static_cast<float>(rng.normal() * s);
     }
-    copy_from_host(p.value, host.data());
+    tp_runs(p.split, p.full_shape, tp_.rank, tp_.size,
+            [&](int64_t full, int64_t mine, int64_t n) { std::copy_n(host.begin() + full, n, shard.begin() + mine); });
+    copy_from_host(p.value, shard.data());
   }
 }
 
@@ -208,13 +246,17 @@ void Gpt::block_forward(int b, const Tensor& x) {
   BlockActs& a = acts_[static_cast<size_t>(b)];
   ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
   ops::matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b);
-  ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head);
-  ops::matmul_forward(a.attproj, a.atty, w.proj_w, w.proj_b);
+  ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
+  // Row-parallel: each rank's partial product, summed over the ranks; one of them adds the bias.
+  const bool bias_here = tp_.rank == 0;
+  ops::matmul_forward(a.attproj, a.atty, w.proj_w, bias_here ? w.proj_b : Tensor());
+  if (tp_.size > 1) tp_.all_reduce(a.attproj);
   ops::residual_forward(a.res2, x, a.attproj);
   ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b);
   ops::matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b);
   ops::gelu_forward(a.fch_gelu, a.fch);
-  ops::matmul_forward(a.fcproj, a.fch_gelu, w.fcproj_w, w.fcproj_b);
+  ops::matmul_forward(a.fcproj, a.fch_gelu, w.fcproj_w, bias_here ? w.fcproj_b : Tensor());
+  if (tp_.size > 1) tp_.all_reduce(a.fcproj);
   ops::residual_forward(a.res3, a.res2, a.fcproj);
 }
 
@@ -276,12 +318,14 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
   ops::matmul_backward(g_fch_gelu_, g(w.fcproj_w), g(w.fcproj_b), dout, a.fch_gelu, w.fcproj_w);
   ops::gelu_backward(g_fch_, a.fch, g_fch_gelu_);
   ops::matmul_backward(g_ln_, g(w.fc_w), g(w.fc_b), g_fch_, a.ln2, w.fc_w);
+  if (tp_.size > 1) tp_.all_reduce(g_ln_);  // column-parallel: each rank's part of the input gradient
   ops::layernorm_backward(g_tmp_, g(w.ln2_w), g(w.ln2_b), g_ln_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   ops::residual_forward(g_res2_, dout, g_tmp_);  // the residual path and the MLP path both reach res2
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x)))).
   ops::matmul_backward(g_atty_, g(w.proj_w), g(w.proj_b), g_res2_, a.atty, w.proj_w);
-  ops::attention_backward(g_qkv_, g_atty_, a.qkv, a.att, config_.n_head);
+  ops::attention_backward(g_qkv_, g_atty_, a.qkv, a.att, config_.n_head / tp_.size);
   ops::matmul_backward(g_ln_, g(w.qkv_w), g(w.qkv_b), g_qkv_, a.ln1, w.qkv_w);
+  if (tp_.size > 1) tp_.all_reduce(g_ln_);
   ops::layernorm_backward(g_tmp_, g(w.ln1_w), g(w.ln1_b), g_ln_, x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
   ops::residual_forward(dx, g_res2_, g_tmp_);
 }

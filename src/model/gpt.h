@@ -11,10 +11,20 @@
 // Parameters live in one flat f32 buffer (and gradients in another, same layout) with one named view per
 // tensor, in Hugging Face GPT-2 order and with its names. Memory: parameters, gradients and activations for
 // one micro-batch of B x T, as counted by model/costs.h, plus a few (B,T,C)-sized gradient scratch buffers.
-// Deliberately not here: dropout, KV caching for generation, mixed precision.
+//
+// Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM", section 3): with TensorParallel{rank, size > 1} a
+// Gpt holds its TP rank's shard of every block. c_attn and c_fc are split by output rows (column-parallel; for
+// c_attn, each of q, k and v by heads), attn.c_proj and mlp.c_proj by input columns (row-parallel), so the
+// attention heads and the MLP's hidden units are divided over the ranks. Each row-parallel output is summed over
+// the ranks (`all_reduce`, forward), and so is the gradient of each column-parallel input (backward). The
+// row-parallel biases are added once, after the sum. LayerNorms, the embedding and the head are replicated on
+// every TP rank, and so are their gradients. Parameter names stay those of the whole model; Param::full_shape
+// and tp_runs() map a shard to its place in the whole tensor (checkpoints and initialisation use them).
+// Deliberately not here: dropout, KV caching for generation, mixed precision, a vocabulary-parallel head.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +49,27 @@ struct GptConfig {
   void validate() const;
 };
 
+// How a parameter is divided over tensor-parallel ranks.
+enum class TpSplit {
+  kNone,     // replicated
+  kRows,     // by the first dimension, in one block per rank (c_fc)
+  kQkvRows,  // by the first dimension within each of its three q, k, v thirds (c_attn)
+  kCols,     // by the second dimension (the row-parallel c_proj weights)
+};
+
+// The tensor-parallel group a Gpt belongs to. `all_reduce` sums a device tensor in place over the group's
+// ranks; it is needed only when size > 1.
+struct TensorParallel {
+  int rank = 0;
+  int size = 1;
+  std::function<void(const Tensor&)> all_reduce;
+};
+
+// Calls fn(full_offset, shard_offset, count) for each contiguous run of elements that rank `rank` of `size`
+// holds of a tensor of shape `full` split as `split`, in the shard's order.
+void tp_runs(TpSplit split, const Shape& full, int rank, int size,
+             const std::function<void(int64_t, int64_t, int64_t)>& fn);
+
 // A contiguous range of the model's pieces.
 struct GptRange {
   bool embedding = true;
@@ -56,13 +87,17 @@ class Gpt {
     Tensor grad;         // view into the flat gradient buffer
     bool weight_decay;   // matrices decay; biases and LayerNorm parameters do not (GPT-2 / nanoGPT)
     bool hf_transposed;  // stored (in, out) in Hugging Face checkpoints, (out, in) here
+    TpSplit split;       // how tensor parallelism divides it
+    Shape full_shape;    // its shape in the whole model (= value's shape without tensor parallelism)
   };
 
-  // Allocates parameters, gradients and activations for micro-batches of B sequences of length T on `device`.
-  Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T);
+  // Allocates parameters, gradients and activations for micro-batches of B sequences of length T on `device`,
+  // for rank tp.rank of tp.size tensor-parallel ranks (tp.size must divide n_head).
+  Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, TensorParallel tp = {});
 
   const GptConfig& config() const { return config_; }
   const GptRange& range() const { return range_; }
+  const TensorParallel& tp() const { return tp_; }
   Device& device() const { return *device_; }
   int batch() const { return B_; }
   int seq() const { return T_; }
@@ -72,8 +107,8 @@ class Gpt {
   int64_t num_params() const { return flat_params_.numel(); }
 
   // GPT-2 initialisation: N(0, 0.02) matrices, output projections scaled by 1/sqrt(2 n_layer), zero biases,
-  // unit LayerNorm gains. A parameter's values depend only on the seed and its name, so any range holds the
-  // same numbers as the whole model.
+  // unit LayerNorm gains. A parameter's values depend only on the seed and its name, so any range (and any
+  // tensor-parallel shard) holds the same numbers as the whole model.
   void init(uint64_t seed);
   void zero_grads();
 
@@ -99,13 +134,13 @@ class Gpt {
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, res3;
   };
-  void add_param(const std::string& name, Shape shape, bool decay, bool transposed);
   Tensor grad_of(const Tensor& value) const;
   void block_forward(int b, const Tensor& x);
   void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);
 
   GptConfig config_;
   GptRange range_;
+  TensorParallel tp_;
   Device* device_;
   int B_, T_;
   std::vector<Param> params_;

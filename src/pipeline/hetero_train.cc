@@ -28,6 +28,43 @@ fs::path trace_part(const HeteroRun& run, int rank) {
 
 }  // namespace
 
+StageLayout stage_layout_of(const Plan& plan) {
+  StageLayout layout;
+  for (const StagePlan& s : plan.stages) layout.stages.push_back(StageShape{s.dp, s.tp});
+  return layout;
+}
+
+void check_plan_runs(const Plan& plan, const GptConfig& model) {
+  const auto fail = [](const std::string& what) { throw Error(ErrorCode::kConfig, cat("plan: ", what)); };
+  if (plan.stages.empty()) fail("has no stages");
+  if (plan.num_micro_batches < 1 || plan.global_batch % plan.num_micro_batches != 0) {
+    fail(cat("global_batch ", plan.global_batch, " is not a whole number of num_micro_batches (",
+             plan.num_micro_batches, ")"));
+  }
+  const int64_t rows = plan.global_batch / plan.num_micro_batches;
+  int next_layer = 0;
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const StagePlan& s = plan.stages[i];
+    const std::string where = cat("stage ", i, " (", s.chip, "): ");
+    if (s.first_layer != next_layer || s.layers < 0) {
+      fail(cat(where, "first_layer ", s.first_layer, " with ", s.layers, " layers; the stages must cover blocks 0..",
+               model.n_layer - 1, " in order"));
+    }
+    next_layer += s.layers;
+    if (s.embedding != (i == 0) || s.head != (i + 1 == plan.stages.size())) {
+      fail(cat(where, "only the first stage may hold the embedding and only the last the head"));
+    }
+    if (s.tp < 1 || model.n_head % s.tp != 0) {
+      fail(cat(where, "tp ", s.tp, " does not divide the model's ", model.n_head, " heads"));
+    }
+    if (s.dp < 1 || rows % s.dp != 0) {
+      fail(cat(where, "dp ", s.dp, " does not divide a micro-batch of ", rows, " sequences (global_batch / ",
+               "num_micro_batches)"));
+    }
+  }
+  if (next_layer != model.n_layer) fail(cat("the stages hold ", next_layer, " blocks; the model has ", model.n_layer));
+}
+
 GptConfig gpt_config_of(const TransformerShape& shape) {
   GptConfig c{.n_layer = static_cast<int>(shape.layers),
               .n_head = static_cast<int>(shape.heads),
@@ -55,26 +92,27 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
   const TrainConfig& c = run.config;
   const Plan& plan = run.plan;
   Communicator& world = *job.world;
-  const StageLayout layout{static_cast<int>(plan.stages.size()), plan.dp};
-  const int rank = world.rank(), stage = rank / layout.dp, replica = rank % layout.dp;
+  check_plan_runs(plan, c.model);
+  const StageLayout layout = stage_layout_of(plan);
+  const int rank = world.rank();
+  const StageLayout::Place place = layout.place(rank);
   StageComms comms = StageComms::split(world, layout);
-  const StagePlan& sp = plan.stages[static_cast<size_t>(stage)];
-  if (sp.tp != 1) {
-    throw Error(ErrorCode::kUnsupported, cat("plan stage ", stage, " uses tensor parallelism (TP ", sp.tp,
-                                             "); the runtime runs TP 1 only so "
-                                             "far: plan with 'max_tp: 1' in the train setup"));
-  }
+  const StagePlan& sp = plan.stages[static_cast<size_t>(place.stage)];
   auto device = create_device(DeviceSpec{.backend = "emu", .index = rank, .emu = emu_profile_of(run.cluster, sp.chip)});
   const GptRange range{sp.embedding, sp.first_layer, sp.first_layer + sp.layers, sp.head};
-  const int B = plan.micro_batch, T = c.model.seq_len, M = plan.num_micro_batches;
-  StageRunner runner(c.model, *device, range, stage, layout, comms, B, T,
+  const int T = c.model.seq_len, M = plan.num_micro_batches;
+  const int rows = static_cast<int>(plan.global_batch / M);  // a micro-batch, over all of a stage's replicas
+  StageRunner runner(c.model, *device, range, layout, comms, rows, T,
                      OptimOptions{.grad_clip = c.grad_clip, .zero1 = run.zero1});
   runner.model().init(c.seed);
+  // The first and last stages read each step's whole batch and take their micro-batch's and replica's rows, so
+  // the data a step trains on does not depend on the plan (a run may resume under another one).
   std::unique_ptr<TokenLoader> loader;
   if (range.embedding || range.head) {
-    loader = std::make_unique<TokenLoader>(expand_glob(c.train_data), B, T, c.seed, true, replica, layout.dp);
+    loader =
+        std::make_unique<TokenLoader>(expand_glob(c.train_data), static_cast<int>(plan.global_batch), T, c.seed, true);
   }
-  std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(M)), targets(static_cast<size_t>(M));
+  std::vector<int32_t> tokens, targets;
   const std::string checkpoint_dir = (fs::path(c.out_dir) / "checkpoints").string();
   int64_t first_step = 0;
   if (run.resume) {
@@ -89,8 +127,7 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     load_checkpoint_by_name(latest, runner.model(), &mom, &vel);
     runner.set_optimizer_state(mom, vel);
     first_step = state.step;
-    // The loader's position: the same number of micro-batches again (cheap: windows, not tokens, are shuffled).
-    for (int64_t i = 0; loader && i < first_step * M; ++i) loader->next(tokens[0], targets[0]);
+    if (loader) loader->seek(state.data);
     if (rank == 0 && !quiet) std::printf("resumed from %s at step %lld\n", latest.c_str(), (long long)first_step);
   }
   const auto save = [&](int64_t done) {
@@ -98,16 +135,23 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     world.barrier();
     std::vector<float> mom, vel;
     runner.optimizer_state(mom, vel);
-    if (replica == 0) {
-      // The last stage's copy of the tied embedding is the first stage's: written once.
-      write_model_files((fs::path(checkpoint_dir) / (checkpoint_name(done) + ".tmp")).string(), cat(".stage", stage),
-                        runner.model(), mom.data(), vel.data(),
-                        [&](const Gpt::Param& p) { return !(stage > 0 && p.name == "wte.weight"); });
+    if (place.replica == 0) {
+      // The last stage's copy of the tied embedding is the first stage's: written once. TP ranks put their
+      // shards together; the first of them writes.
+      const std::vector<SavedParam> params = saved_params(
+          runner.model(), mom.data(), vel.data(),
+          [&](const Gpt::Param& p) { return !(place.stage > 0 && p.name == "wte.weight"); },
+          [&](std::vector<float>& x) { comms.tp.all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum); });
+      if (place.t == 0) {
+        write_model_files((fs::path(checkpoint_dir) / (checkpoint_name(done) + ".tmp")).string(),
+                          cat(".stage", place.stage), params);
+      }
     }
     world.barrier();
     if (rank == 0) {
-      write_checkpoint_state((fs::path(checkpoint_dir) / (checkpoint_name(done) + ".tmp")).string(),
-                             CheckpointState{.step = done, .model = c.model, .data = {}, .data_seed = c.seed});
+      write_checkpoint_state(
+          (fs::path(checkpoint_dir) / (checkpoint_name(done) + ".tmp")).string(),
+          CheckpointState{.step = done, .model = c.model, .data = loader->position(), .data_seed = c.seed});
       commit_checkpoint(checkpoint_dir, done, c.keep_checkpoints);
     }
     world.barrier();
@@ -121,7 +165,7 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     }
     if (fault_rank == rank) kill_step = fault_step;
   }
-  const Schedule schedule = add_gradient_reduction(lower_communication(schedule_1f1b(layout.stages, M)));
+  const Schedule schedule = add_gradient_reduction(lower_communication(schedule_1f1b(layout.num_stages(), M)));
   nlohmann::json trace = nlohmann::json::array();
   int64_t step = 0;
   runner.on_action = [&](const Action& a, double t0, double t1) {
@@ -134,9 +178,11 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     fs::create_directories(c.out_dir);
     metrics = open_metrics((fs::path(c.out_dir) / "metrics.jsonl").string(), first_step);
   }
-  const StageRunner::Batch batch = [&](int m, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
-    tok = tokens[static_cast<size_t>(m)];
-    tgt = targets[static_cast<size_t>(m)];
+  const StageRunner::Batch batch = [&](int m, int first_row, int n, std::vector<int32_t>& tok,
+                                       std::vector<int32_t>& tgt) {
+    const int64_t first = (int64_t{m} * rows + first_row) * T;
+    tok.assign(tokens.begin() + first, tokens.begin() + first + int64_t{n} * T);
+    tgt.assign(targets.begin() + first, targets.begin() + first + int64_t{n} * T);
   };
   RankOutcome out;
   const double tokens_per_step = static_cast<double>(plan.global_batch) * T;
@@ -153,9 +199,7 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
       break;
     }
     const double t0 = monotonic_seconds();
-    if (loader) {
-      for (int m = 0; m < M; ++m) loader->next(tokens[static_cast<size_t>(m)], targets[static_cast<size_t>(m)]);
-    }
+    if (loader) loader->next(tokens, targets);
     const double lr = learning_rate(c, step);
     const float loss = runner.step(schedule, batch, adamw_params(c, step));
     const double dt = monotonic_seconds() - t0;

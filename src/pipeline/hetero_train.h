@@ -18,6 +18,7 @@
 #include <string>
 
 #include "comm/job.h"
+#include "pipeline/runtime.h"
 #include "planner/plan.h"
 #include "planner/spec.h"
 #include "train/trainer.h"
@@ -31,6 +32,14 @@ struct HeteroRun {
   bool zero1 = false;
   bool resume = false;  // continue from the newest checkpoint in out_dir/checkpoints
 };
+
+// The ranks a plan runs on: each stage's replicas and tensor-parallel degree.
+StageLayout stage_layout_of(const Plan& plan);
+
+// Error(kConfig) naming the stage and field when the runtime cannot run `plan` on `model`: stages that do not
+// cover the blocks in order, the embedding not first or the head not last, a TP degree that does not divide
+// the heads, replicas that do not divide a micro-batch.
+void check_plan_runs(const Plan& plan, const GptConfig& model);
 
 // The GPT configuration the planner's model file describes (layers, hidden, heads, vocab, seq_len).
 GptConfig gpt_config_of(const TransformerShape& shape);

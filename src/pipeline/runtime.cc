@@ -16,58 +16,134 @@ uint32_t gradient_tag(int m) { return static_cast<uint32_t>(2 * m + 1); }
 
 }  // namespace
 
-StageComms StageComms::split(Communicator& world, const StageLayout& layout) {
-  if (world.size() != layout.stages * layout.dp) {
-    throw Error(ErrorCode::kInvalidArgument,
-                cat("pipeline: ", layout.stages, " stages x ", layout.dp, " replicas need ", layout.stages * layout.dp,
-                    " ranks, the job has ", world.size()));
-  }
-  const int stage = world.rank() / layout.dp, replica = world.rank() % layout.dp;
-  Communicator pipe = world.split(replica, stage);
-  Communicator dp = world.split(stage, replica);
-  const bool ends = layout.stages > 1 && (stage == 0 || stage == layout.stages - 1);
-  Communicator tied = world.split(ends ? replica : layout.dp + world.rank(), stage);
-  return StageComms{std::move(pipe), std::move(dp), std::move(tied)};
+StageLayout StageLayout::uniform(int stages, int dp, int tp) {
+  return StageLayout{std::vector<StageShape>(static_cast<size_t>(stages), StageShape{dp, tp})};
 }
 
-StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range, int stage, const StageLayout& layout,
-                         StageComms& comms, int B, int T, OptimOptions options)
+int StageLayout::world_size() const { return first_rank(num_stages()); }
+
+int StageLayout::first_rank(int stage) const {
+  int r = 0;
+  for (int s = 0; s < stage; ++s) r += stages[static_cast<size_t>(s)].dp * stages[static_cast<size_t>(s)].tp;
+  return r;
+}
+
+int StageLayout::rank_of(int stage, int replica, int t) const {
+  return first_rank(stage) + replica * stages[static_cast<size_t>(stage)].tp + t;
+}
+
+StageLayout::Place StageLayout::place(int rank) const {
+  for (int s = 0; s < num_stages(); ++s) {
+    const int tp = stages[static_cast<size_t>(s)].tp, local = rank - first_rank(s);
+    if (local < stages[static_cast<size_t>(s)].dp * tp) return Place{s, local / tp, local % tp};
+  }
+  throw Error(ErrorCode::kInvalidArgument, cat("pipeline: rank ", rank, " is outside the layout's ", world_size()));
+}
+
+std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, int from, int to) {
+  const StageShape src = layout.stages[static_cast<size_t>(from)], dst = layout.stages[static_cast<size_t>(to)];
+  const int src_rows = rows / src.dp, dst_rows = rows / dst.dp;
+  std::vector<Transfer> out;
+  for (int d = 0; d < dst.dp; ++d) {
+    for (int t = 0; t < dst.tp; ++t) {
+      const int lo = d * dst_rows, hi = lo + dst_rows;
+      for (int e = lo / src_rows; e < src.dp && e * src_rows < hi; ++e) {
+        const int a = std::max(lo, e * src_rows), b = std::min(hi, (e + 1) * src_rows);
+        out.push_back({layout.rank_of(from, e, t % src.tp), layout.rank_of(to, d, t), a, b - a});
+      }
+    }
+  }
+  return out;
+}
+
+StageComms StageComms::split(Communicator& world, const StageLayout& layout) {
+  if (world.size() != layout.world_size()) {
+    throw Error(ErrorCode::kInvalidArgument, cat("pipeline: the layout's ", layout.num_stages(), " stages need ",
+                                                 layout.world_size(), " ranks, the job has ", world.size()));
+  }
+  const int rank = world.rank(), last = layout.num_stages() - 1;
+  const StageLayout::Place p = layout.place(rank);
+  Communicator all = world.split(0, rank);
+  Communicator dp = world.split(layout.rank_of(p.stage, 0, p.t), p.replica);
+  Communicator tp = world.split(layout.rank_of(p.stage, p.replica, 0), p.t);
+  // The tied embedding: pairs of the same (replica, TP rank) when the two ends have the same shape, else one
+  // group of both ends' ranks.
+  const StageShape first = layout.stages.front(), end = layout.stages.back();
+  const bool ends = last > 0 && (p.stage == 0 || p.stage == last);
+  const bool pairs = first.dp == end.dp && first.tp == end.tp;
+  const int colour = !ends ? layout.world_size() + rank : pairs ? p.replica * first.tp + p.t : 0;
+  Communicator tied = world.split(colour, rank);
+  return StageComms{std::move(all), std::move(dp), std::move(tp), std::move(tied)};
+}
+
+StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout,
+                         StageComms& comms, int rows, int T, OptimOptions options)
     : config_(config),
       device_(device),
       range_(range),
-      stage_(stage),
       layout_(layout),
+      place_(layout.place(comms.all.rank())),
       comms_(comms),
-      pipe_(comms.pipe),
+      all_(comms.all),
       dp_(comms.dp),
+      tp_(comms.tp),
       tied_(comms.tied),
-      B_(B),
+      rows_(rows),
       T_(T),
       options_(options),
-      first_(stage == 0),
-      last_(stage == layout.stages - 1) {
+      first_(place_.stage == 0),
+      last_(place_.stage == layout.num_stages() - 1) {
+  const int stage = place_.stage;
   if (range.embedding != first_ || range.head != last_) {
     throw Error(ErrorCode::kInvalidArgument,
-                cat("pipeline stage ", stage, " of ", layout.stages,
+                cat("pipeline stage ", stage, " of ", layout.num_stages(),
                     ": only the first stage holds the embedding and only the last the head"));
   }
-  model_ = std::make_unique<Gpt>(config, device, range, B, T);
+  for (int s = 0; s < layout.num_stages(); ++s) {
+    if (rows <= 0 || rows % layout.stages[static_cast<size_t>(s)].dp != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  cat("pipeline stage ", s, ": its ", layout.stages[static_cast<size_t>(s)].dp,
+                      " replicas do not divide a micro-batch of ", rows, " sequences; pick a micro-batch they divide"));
+    }
+  }
+  const StageShape shape = layout.stages[static_cast<size_t>(stage)];
+  B_ = rows / shape.dp;
+  const int me = comms.all.rank();
+  auto mine = [&](int from, int to, bool sending) {
+    std::vector<Transfer> out;
+    for (const Transfer& t : boundary_transfers(layout, rows, from, to)) {
+      if ((sending ? t.from : t.to) == me) out.push_back(t);
+    }
+    return out;
+  };
+  if (!first_) {
+    from_prev_ = mine(stage - 1, stage, false);
+    to_prev_ = mine(stage, stage - 1, true);
+  }
+  if (!last_) {
+    to_next_ = mine(stage, stage + 1, true);
+    from_next_ = mine(stage + 1, stage, false);
+  }
+  TensorParallel tp{place_.t, shape.tp, [this](const Tensor& x) { tp_.all_reduce(x, ReduceOp::kSum); }};
+  model_ = std::make_unique<Gpt>(config, device, range, B_, T, std::move(tp));
   const int64_t n = model_->num_params();
-  const int64_t shard = options_.zero1 ? (n + layout.dp - 1) / layout.dp : n;
+  const int64_t shard = options_.zero1 ? (n + shape.dp - 1) / shape.dp : n;
   optimizer_ = OptimizerState{device.zeros(DType::kF32, {shard}), device.zeros(DType::kF32, {shard})};
-  tokens_ = device.empty(DType::kI32, {B, T});
-  targets_ = device.empty(DType::kI32, {B, T});
-  if (!last_) dout_ = device.empty(DType::kF32, {B, T, config.n_embd});
+  tokens_ = device.empty(DType::kI32, {B_, T});
+  targets_ = device.empty(DType::kI32, {B_, T});
+  if (!last_) dout_ = device.empty(DType::kF32, {B_, T, config.n_embd});
   norm_acc_ = device.zeros(DType::kF32, {1});
 }
 
 void StageRunner::load_input(int m, const Batch& batch) {
   if (!first_ && !last_) return;
   std::vector<int32_t> tokens, targets;
-  batch(m, tokens, targets);
+  batch(m, place_.replica * B_, B_, tokens, targets);
   if (first_) copy_from_host(tokens_, tokens.data());
   if (last_) copy_from_host(targets_, targets.data());
 }
+
+float StageRunner::loss_scale() const { return 1.0f / static_cast<float>(micro_batches_ * layout_.stages.back().dp); }
 
 void StageRunner::forward(int m, const Batch& batch) {
   load_input(m, batch);
@@ -78,7 +154,7 @@ void StageRunner::forward(int m, const Batch& batch) {
 void StageRunner::backward(int m, const Batch& batch) {
   if (holds_ != m) {  // recompute this micro-batch's activations from its stashed input
     forward(m, batch);
-    if (last_) model_->loss(targets_, 1.0f / static_cast<float>(micro_batches_));
+    if (last_) model_->loss(targets_, loss_scale());
   }
   if (last_) {
     model_->backward();
@@ -89,11 +165,25 @@ void StageRunner::backward(int m, const Batch& batch) {
   holds_ = -1;  // backward consumed the activations
 }
 
+// Rows of a micro-batch's piece within this replica's part of it.
+Tensor StageRunner::rows_of(const Tensor& t, const Transfer& piece) const {
+  const int lo = piece.first_row - place_.replica * B_;
+  return t.slice(lo, lo + piece.rows);
+}
+
+void StageRunner::send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag) {
+  for (const Transfer& p : pieces) sends_.emplace_back(p.to, all_.isend(rows_of(t, p), p.to, tag));
+}
+
+void StageRunner::receive(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag) {
+  for (const Transfer& p : pieces) all_.recv(rows_of(t, p), p.from, tag);
+}
+
 float StageRunner::step(const Schedule& schedule, const Batch& batch, const AdamwParams& hp) {
-  const int rank = comms_.pipe.rank();
-  if (schedule.ranks != layout_.stages || schedule.stages != layout_.stages) {
+  const int stage = place_.stage;
+  if (schedule.ranks != layout_.num_stages() || schedule.stages != layout_.num_stages()) {
     throw Error(ErrorCode::kInvalidArgument, cat("pipeline: the schedule has ", schedule.stages, " stages on ",
-                                                 schedule.ranks, " ranks; this pipeline has ", layout_.stages));
+                                                 schedule.ranks, " ranks; this pipeline has ", layout_.num_stages()));
   }
   micro_batches_ = schedule.micro_batches;
   const Shape act{B_, T_, config_.n_embd};
@@ -105,32 +195,32 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
   model_->zero_grads();
   loss_sum_ = 0;
   holds_ = -1;
-  for (const Action& a : schedule.actions[static_cast<size_t>(rank)]) {
+  for (const Action& a : schedule.actions[static_cast<size_t>(stage)]) {
     const size_t m = static_cast<size_t>(a.micro_batch);
     const double t0 = on_action ? monotonic_seconds() : 0;
     switch (a.type) {
       case ActionType::kRecvF:
-        pipe_.recv(stash_[m], stage_ - 1, activation_tag(a.micro_batch));
+        receive(from_prev_, stash_[m], activation_tag(a.micro_batch));
         break;
       case ActionType::kForward:
         forward(a.micro_batch, batch);
         if (last_) {
-          loss_sum_ += model_->loss(targets_, 1.0f / static_cast<float>(micro_batches_));
+          loss_sum_ += model_->loss(targets_, loss_scale());
         } else {
           copy(out_[m], model_->output());
         }
         break;
       case ActionType::kSendF:
-        sends_.emplace_back(stage_ + 1, pipe_.isend(out_[m], stage_ + 1, activation_tag(a.micro_batch)));
+        send(to_next_, out_[m], activation_tag(a.micro_batch));
         break;
       case ActionType::kRecvB:
-        pipe_.recv(dout_, stage_ + 1, gradient_tag(a.micro_batch));
+        receive(from_next_, dout_, gradient_tag(a.micro_batch));
         break;
       case ActionType::kBackward:
         backward(a.micro_batch, batch);
         break;
       case ActionType::kSendB:
-        sends_.emplace_back(stage_ - 1, pipe_.isend(gout_[m], stage_ - 1, gradient_tag(a.micro_batch)));
+        send(to_prev_, gout_[m], gradient_tag(a.micro_batch));
         break;
       case ActionType::kReduceGrad:
         reduce_gradients();
@@ -145,32 +235,42 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
     }
   }
   for (auto& [peer, request] : sends_) {
-    if (request) comms_.pipe.wait_request(*request, "pipeline send", peer);
+    if (request) comms_.all.wait_request(*request, "pipeline send", peer);
   }
   sends_.clear();
-  // The step's loss: the mean over micro-batches on the last stage, averaged over replicas, then sent along.
+  // The step's loss: the mean over micro-batches on the last stage, averaged over replicas, then sent to all.
   float loss = static_cast<float>(loss_sum_ / micro_batches_);
   if (last_) comms_.dp.all_reduce(&loss, 1, DType::kF32, ReduceOp::kAvg);
-  comms_.pipe.broadcast(&loss, 1, DType::kF32, layout_.stages - 1);
+  comms_.all.broadcast(&loss, 1, DType::kF32, layout_.first_rank(layout_.num_stages() - 1));
   return loss;
 }
 
 void StageRunner::reduce_gradients() {
-  if (!options_.zero1 && comms_.dp.size() > 1) dp_.all_reduce(model_->flat_grads(), ReduceOp::kAvg);
   if (comms_.tied.size() > 1) {
+    // Before the replicas' sum: pairs add their own gradients (the replicas' sum then adds the pairs); one group
+    // of both ends' ranks adds everything, each TP copy counted once, and leaves each replica its share.
+    const StageShape shape = layout_.stages[static_cast<size_t>(place_.stage)];
+    const bool pairs = comms_.tied.size() == 2;
     for (Gpt::Param& p : model_->params()) {
-      if (p.name == "wte.weight") tied_.all_reduce(p.grad, ReduceOp::kSum);
+      if (p.name != "wte.weight") continue;
+      if (!pairs) ops::scale(p.grad, 1.0f / static_cast<float>(shape.tp));
+      tied_.all_reduce(p.grad, ReduceOp::kSum);
+      if (!pairs) ops::scale(p.grad, 1.0f / static_cast<float>(shape.dp));
     }
   }
+  if (!options_.zero1 && comms_.dp.size() > 1) dp_.all_reduce(model_->flat_grads(), ReduceOp::kSum);
 }
 
 void StageRunner::optimize(AdamwParams hp) {
-  // The last stage's copy of the tied embedding is not counted in the norm: the first stage's already is.
-  auto counted = [&](const Gpt::Param& p) { return !(last_ && !first_ && p.name == "wte.weight"); };
+  // Each tensor once in the norm: the last stage's copy of the tied embedding is the first stage's, and tensors
+  // that tensor parallelism replicates count on TP rank 0 only.
+  auto counted = [&](const Gpt::Param& p) {
+    return !(last_ && !first_ && p.name == "wte.weight") && (p.split != TpSplit::kNone || place_.t == 0);
+  };
   const Tensor& flat_grads = model_->flat_grads();
   const int64_t n = model_->num_params();
   double norm_sq = 0;
-  std::vector<float> shard;  // ZeRO-1: this replica's averaged gradient shard
+  std::vector<float> shard;  // ZeRO-1: this replica's summed gradient shard
   int64_t lo = 0, hi = n;
   if (options_.zero1) {
     const int d = comms_.dp.rank(), D = comms_.dp.size();
@@ -180,7 +280,7 @@ void StageRunner::optimize(AdamwParams hp) {
     std::vector<float> padded(static_cast<size_t>(s * D), 0.0f);
     copy_to_host(padded.data(), flat_grads);
     shard.resize(static_cast<size_t>(s));
-    comms_.dp.reduce_scatter(shard.data(), padded.data(), static_cast<size_t>(s), DType::kF32, ReduceOp::kAvg);
+    comms_.dp.reduce_scatter(shard.data(), padded.data(), static_cast<size_t>(s), DType::kF32, ReduceOp::kSum);
     int64_t offset = 0;
     for (const Gpt::Param& p : model_->params()) {
       const int64_t a = std::max(offset, lo), b = std::min(offset + p.value.numel(), hi);
@@ -189,7 +289,7 @@ void StageRunner::optimize(AdamwParams hp) {
       }
       offset += p.value.numel();
     }
-  } else {
+  } else if (place_.replica == 0) {  // the replicas hold the same sums: one counts them
     const float zero = 0.0f;
     copy_from_host(norm_acc_, &zero);
     for (const Gpt::Param& p : model_->params()) {
@@ -200,11 +300,10 @@ void StageRunner::optimize(AdamwParams hp) {
     norm_sq = local;
   }
   float total = static_cast<float>(norm_sq);
-  if (options_.zero1) comms_.dp.all_reduce(&total, 1, DType::kF32, ReduceOp::kSum);  // the shards' parts
-  comms_.pipe.all_reduce(&total, 1, DType::kF32, ReduceOp::kSum);
+  comms_.all.all_reduce(&total, 1, DType::kF32, ReduceOp::kSum);
   grad_norm_ = std::sqrt(static_cast<double>(total));
   if (!std::isfinite(grad_norm_)) {
-    throw Error(ErrorCode::kInternal, cat("pipeline stage ", stage_,
+    throw Error(ErrorCode::kInternal, cat("pipeline stage ", place_.stage,
                                           ": the gradient norm is not finite; lower "
                                           "optim.lr or set optim.grad_clip"));
   }

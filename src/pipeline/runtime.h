@@ -1,18 +1,22 @@
 // HeteroPP's runtime (DESIGN.md, "pipeline"): one rank's stage of a pipelined, data-parallel GPT and the
 // interpreter of its action list (pipeline/schedule.h).
 //
-// Ranks: stage s, data-parallel replica d. Activations go to stage s + 1 and gradients to s - 1 of the same
-// replica through DiComm (tags encode direction and micro-batch); REDUCE_GRAD averages the stage's gradients
-// over its replicas (all-reduce, or with ZeRO-1 a reduce-scatter whose shard the rank updates and all-gathers
-// back) and sums the tied token-embedding gradient between the first and the last stage; OPTIM takes the global
-// gradient norm over the pipeline, clips, and runs AdamW - the same step as single-device training.
+// Ranks: stage s has dp_s replicas of tp_s tensor-parallel ranks each (StageLayout); stages may differ in both.
+// A micro-batch is `rows` sequences; replica d of stage s holds rows [d rows/dp_s, (d+1) rows/dp_s), and every
+// TP rank of a replica holds all of its rows. At a stage boundary each receiving rank gets, from every replica
+// of the other stage whose rows overlap its own, that overlap - sent by the TP rank whose index is its own
+// modulo the sender's TP degree - so activations (forward) and their gradients (backward) are resharded when
+// neighbouring stages differ in DP or TP (tags encode direction and micro-batch).
+// REDUCE_GRAD sums the stage's gradients over its replicas (all-reduce, or with ZeRO-1 a reduce-scatter whose
+// shard the rank updates and all-gathers back) after summing the tied token-embedding gradient between the first
+// and the last stage; OPTIM takes the global gradient norm over every rank, counting replicated tensors once,
+// clips, and runs AdamW - the same step as single-device training. The loss gradient is scaled by
+// 1 / (micro-batches x the last stage's replicas), so these sums are the gradient of the mean loss.
 //
 // Activation memory: the model holds one micro-batch's activations. A stage stashes only each in-flight
-// micro-batch's input (B x T x C) and, when a backward comes for a micro-batch other than the one whose
+// micro-batch's input (rows x T x C) and, when a backward comes for a micro-batch other than the one whose
 // activations it holds, recomputes that forward first (Chen et al. 2016) - exact, since forward is
 // deterministic. 1F1B's last stage runs each backward right after its forward and never recomputes.
-//
-// Deliberately not here yet: tensor parallelism, resharding between stages of different DP width.
 #pragma once
 
 #include <cstdint>
@@ -29,18 +33,40 @@
 
 namespace h2 {
 
-struct StageLayout {
-  int stages = 1;
-  int dp = 1;
-  // World rank of (stage, replica): stage-major, so a stage's replicas are neighbours.
-  int rank_of(int stage, int replica) const { return stage * dp + replica; }
+struct StageShape {
+  int dp = 1;  // replicas
+  int tp = 1;  // tensor-parallel ranks per replica
 };
+
+struct StageLayout {
+  std::vector<StageShape> stages;
+
+  static StageLayout uniform(int stages, int dp, int tp = 1);
+  int num_stages() const { return static_cast<int>(stages.size()); }
+  int world_size() const;
+  // World ranks are stage-major, then replica, then TP rank: a replica's TP ranks are neighbours.
+  int first_rank(int stage) const;
+  int rank_of(int stage, int replica, int t) const;
+  struct Place {
+    int stage = 0, replica = 0, t = 0;
+  };
+  Place place(int rank) const;
+};
+
+// One piece of a micro-batch's activations (or their gradient) crossing a stage boundary.
+struct Transfer {
+  int from = 0, to = 0;         // world ranks
+  int first_row = 0, rows = 0;  // of the micro-batch
+};
+// Every piece going from stage `from` to stage `to` (neighbours) for a micro-batch of `rows` sequences.
+std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, int from, int to);
 
 // The communicators a stage needs, split from the world (a collective over every rank of the layout).
 struct StageComms {
-  Communicator pipe;  // this replica's stages, rank = stage
-  Communicator dp;    // this stage's replicas, rank = replica
-  Communicator tied;  // first and last stage of this replica (when they differ), else a group of one
+  Communicator all;   // every rank (a copy of the world): pipeline sends, the norm, the loss
+  Communicator dp;    // this stage's replicas with this TP rank, rank = replica
+  Communicator tp;    // this replica's TP ranks, rank = TP rank
+  Communicator tied;  // ranks of the first and last stage that sum the tied embedding's gradient (or just this one)
   static StageComms split(Communicator& world, const StageLayout& layout);
 };
 
@@ -51,13 +77,16 @@ struct OptimOptions {
 
 class StageRunner {
  public:
-  // One micro-batch of B x T tokens (host, i32): inputs and next-token targets.
-  using Batch = std::function<void(int micro_batch, std::vector<int32_t>& tokens, std::vector<int32_t>& targets)>;
+  // Called with the micro-batch and the rows (of its `rows`) whose tokens this rank needs.
+  using Batch = std::function<void(int micro_batch, int first_row, int rows, std::vector<int32_t>& tokens,
+                                   std::vector<int32_t>& targets)>;
 
-  StageRunner(const GptConfig& config, Device& device, GptRange range, int stage, const StageLayout& layout,
-              StageComms& comms, int B, int T, OptimOptions options);
+  // This rank's stage of `layout` (its place follows from comms.all's rank), for micro-batches of `rows`
+  // sequences of length T; every stage's dp must divide rows.
+  StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout, StageComms& comms,
+              int rows, int T, OptimOptions options);
   Gpt& model() { return *model_; }
-  int stage() const { return stage_; }
+  const StageLayout::Place& place() const { return place_; }
 
   // Runs one training step: this rank's actions of `schedule` (lowered, with gradient reduction). Returns the
   // step's mean loss, known on every rank (broadcast from the last stage).
@@ -77,25 +106,30 @@ class StageRunner {
   void reduce_gradients();
   void optimize(AdamwParams hp);
   void load_input(int m, const Batch& batch);
+  float loss_scale() const;
+  Tensor rows_of(const Tensor& t, const Transfer& piece) const;
+  void send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag);
+  void receive(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag);
 
   GptConfig config_;
   Device& device_;
   GptRange range_;
-  int stage_;
   StageLayout layout_;
+  StageLayout::Place place_;
   StageComms& comms_;
-  TensorComm pipe_, dp_, tied_;
-  int B_, T_;
+  TensorComm all_, dp_, tp_, tied_;
+  int rows_, B_, T_;  // the micro-batch's rows, and this replica's share of them
   OptimOptions options_;
   std::unique_ptr<Gpt> model_;
   OptimizerState optimizer_;
   bool first_, last_;
   int micro_batches_ = 0;
-  int holds_ = -1;                  // the micro-batch whose activations the model holds
+  int holds_ = -1;  // the micro-batch whose activations the model holds
+  std::vector<Transfer> from_prev_, to_next_, from_next_, to_prev_;  // this rank's pieces at its boundaries
   std::vector<Tensor> stash_;       // per micro-batch: the stage's input activations (not on the first stage)
   std::vector<Tensor> out_, gout_;  // per micro-batch: activations and input gradients being sent
   Tensor tokens_, targets_, dout_, norm_acc_;
-  std::vector<std::pair<int, std::unique_ptr<Request>>> sends_;  // (stage, request) in flight this step
+  std::vector<std::pair<int, std::unique_ptr<Request>>> sends_;  // (rank, request) in flight this step
   double loss_sum_ = 0, grad_norm_ = 0;
 };
 

@@ -45,24 +45,27 @@ double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
   return s;
 }
 
-double CostModel::embedding_forward_s(int chip, int tp, int b) const {
+// H2's runtime keeps the embedding and the head whole on every TP rank of their stage (model/gpt.h: no
+// vocabulary-parallel head), so tensor parallelism divides neither their time nor their memory.
+double CostModel::embedding_forward_s(int chip, int b) const {
   // A gather: memory-bound, (b, T, hidden) written once.
-  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes / tp;
+  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes;
   return bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9);
 }
 
-double CostModel::head_forward_s(int chip, int tp, int b) const {
-  return compute_s(chip, b * head_forward_flops(model_, model_.seq_len) / tp);
+double CostModel::head_forward_s(int chip, int b) const {
+  return compute_s(chip, b * head_forward_flops(model_, model_.seq_len));
 }
 
-double CostModel::head_backward_s(int chip, int tp, int b) const { return 2.0 * head_forward_s(chip, tp, b); }
+double CostModel::head_backward_s(int chip, int b) const { return 2.0 * head_forward_s(chip, b); }
 
-// The activation is split over the min(tp_from, tp_to) chips that send in parallel (Megatron's scatter-gather);
-// between chip types without device-direct RDMA it is copied to host memory and back on the way.
+// Every TP rank of the receiving stage gets the whole activation from one sending rank (pipeline/runtime.h),
+// so each sender sends it ceil(tp_to / tp_from) times, in parallel with the others; between chip types without
+// device-direct RDMA it is copied to host memory and back on the way.
 double CostModel::transfer_s(int from, int tp_from, int to, int tp_to, int b) const {
   const GroupLink l = cluster_.link(from, to);
   const double bytes =
-      static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes / std::min(tp_from, tp_to);
+      static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes * ((tp_to + tp_from - 1) / tp_from);
   double s = l.latency_us * 1e-6 + bytes / (l.bandwidth_gbps * 1e9);
   if (!l.device_direct) {
     s += bytes / (cluster_.chips[static_cast<size_t>(from)].host_link_gbps * 1e9) +
@@ -106,22 +109,22 @@ double CostModel::layer_activation_bytes(int tp, int b, Recompute r) const {
   return h2::layer_activation_bytes(model_, b, model_.seq_len, k_.activation_bytes, r) / tp;
 }
 
-double CostModel::embedding_state_bytes(int tp, int dp) const {
+double CostModel::embedding_state_bytes(int dp) const {
   const double per_param = state_bytes_per_param(dp);
-  return static_cast<double>(embedding_params(model_)) / tp * per_param;
+  return static_cast<double>(embedding_params(model_)) * per_param;
 }
 
-double CostModel::head_state_bytes(int tp, int dp, bool own_embedding_copy) const {
+double CostModel::head_state_bytes(int dp, bool own_embedding_copy) const {
   const double per_param = state_bytes_per_param(dp);
   const double copy =
       own_embedding_copy && model_.tied_embeddings ? static_cast<double>(model_.vocab * model_.hidden) : 0;
   const double params = static_cast<double>(head_params(model_)) + copy;
-  return params / tp * per_param;
+  return params * per_param;
 }
 
-double CostModel::head_activation_bytes(int tp, int b) const {
+double CostModel::head_activation_bytes(int b) const {
   const double bt = static_cast<double>(b) * model_.seq_len;
-  return bt * model_.hidden * k_.activation_bytes + bt * static_cast<double>(model_.vocab) / tp * k_.logits_bytes;
+  return bt * model_.hidden * k_.activation_bytes + bt * static_cast<double>(model_.vocab) * k_.logits_bytes;
 }
 
 double CostModel::usable_bytes(int chip) const {

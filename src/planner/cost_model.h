@@ -21,7 +21,7 @@ struct CostConstants {
   double grad_bytes = 2;                // bf16 gradients
   double optimizer_bytes = 12;          // fp32 master weights + Adam m and v
   double activation_bytes = 2;          // bf16 activations
-  double logits_bytes = 4;              // the loss computes in fp32 over (B, T, V / tp)
+  double logits_bytes = 4;              // the loss computes in fp32 over (B, T, V)
   double optimizer_traffic_bytes = 28;  // per parameter and step: read+write master, m, v (24) + grad + weight
   double workspace_fraction = 0.05;     // memory kept free for allocator slack and library workspaces
 
@@ -45,9 +45,9 @@ class CostModel {
   // --- time, seconds, per micro-batch of b sequences on one device of a TP group of size tp ---
   double layer_forward_s(int chip, int tp, int b) const;                // compute + TP all-reduces
   double layer_backward_s(int chip, int tp, int b, Recompute r) const;  // + recomputation
-  double embedding_forward_s(int chip, int tp, int b) const;
-  double head_forward_s(int chip, int tp, int b) const;  // final LayerNorm + logits + loss
-  double head_backward_s(int chip, int tp, int b) const;
+  double embedding_forward_s(int chip, int b) const;
+  double head_forward_s(int chip, int b) const;  // final LayerNorm + logits + loss
+  double head_backward_s(int chip, int b) const;
   // One activation (or its gradient) from a stage on chip `from` with TP tp_from to one on `to` with tp_to.
   double transfer_s(int from, int tp_from, int to, int tp_to, int b) const;
   // Gradient all-reduce over the stage's dp replicas of `params` parameters held per device.
@@ -60,10 +60,10 @@ class CostModel {
   // --- memory, bytes per device ---
   double layer_state_bytes(int tp, int dp) const;                   // weights, gradients, optimizer state of one layer
   double layer_activation_bytes(int tp, int b, Recompute r) const;  // one micro-batch kept for backward
-  double embedding_state_bytes(int tp, int dp) const;
+  double embedding_state_bytes(int dp) const;
   // Tied embeddings: a last stage that is not also the first keeps its own copy of the token embedding.
-  double head_state_bytes(int tp, int dp, bool own_embedding_copy) const;
-  double head_activation_bytes(int tp, int b) const;
+  double head_state_bytes(int dp, bool own_embedding_copy) const;
+  double head_activation_bytes(int b) const;
   double usable_bytes(int chip) const;  // capacity less the workspace
 
   // --- helpers ---

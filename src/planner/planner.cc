@@ -77,15 +77,15 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
     t.embedding = i == 0;
     t.head = i == p - 1;
     if (t.embedding) {
-      t.extra_fwd_s += c.embedding_forward_s(chip, tp, b);
-      t.extra_bwd_s += c.embedding_forward_s(chip, tp, b);
-      t.fixed_bytes += c.embedding_state_bytes(tp, layout.dp) + t.in_flight * static_cast<double>(b) * s.seq_len *
-                                                                    s.hidden * c.constants().activation_bytes / tp;
+      t.extra_fwd_s += c.embedding_forward_s(chip, b);
+      t.extra_bwd_s += c.embedding_forward_s(chip, b);
+      t.fixed_bytes += c.embedding_state_bytes(layout.dp) + t.in_flight * static_cast<double>(b) * s.seq_len *
+                                                                s.hidden * c.constants().activation_bytes / tp;
     }
     if (t.head) {
-      t.extra_fwd_s += c.head_forward_s(chip, tp, b);
-      t.extra_bwd_s += c.head_backward_s(chip, tp, b);
-      t.fixed_bytes += c.head_state_bytes(tp, layout.dp, /*own_embedding_copy=*/p > 1) + c.head_activation_bytes(tp, b);
+      t.extra_fwd_s += c.head_forward_s(chip, b);
+      t.extra_bwd_s += c.head_backward_s(chip, b);
+      t.fixed_bytes += c.head_state_bytes(layout.dp, /*own_embedding_copy=*/p > 1) + c.head_activation_bytes(b);
     }
     out.push_back(t);
   }
@@ -188,15 +188,14 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
           c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden) / t.tp);
     }
     st.optimizer_s = c.optimizer_s(t.chip, layout.dp, params / t.tp);
-    st.state_bytes = n * t.state_layer_bytes + (t.fixed_bytes - (t.head ? c.head_activation_bytes(t.tp, b) : 0) -
+    st.state_bytes = n * t.state_layer_bytes + (t.fixed_bytes - (t.head ? c.head_activation_bytes(b) : 0) -
                                                 (t.embedding ? t.in_flight * static_cast<double>(b) * s.seq_len *
                                                                    s.hidden * c.constants().activation_bytes / t.tp
                                                              : 0));
     st.activation_bytes =
         n * t.act_layer_bytes[static_cast<int>(*pick)] +
         (t.embedding ? static_cast<double>(b) * s.seq_len * s.hidden * c.constants().activation_bytes / t.tp : 0);
-    st.memory_bytes =
-        st.state_bytes + st.in_flight * st.activation_bytes + (t.head ? c.head_activation_bytes(t.tp, b) : 0);
+    st.memory_bytes = st.state_bytes + st.in_flight * st.activation_bytes + (t.head ? c.head_activation_bytes(b) : 0);
     st.capacity_bytes = t.usable_bytes;
     const double e = st.forward_s + st.backward_s;
     sum_e += e;

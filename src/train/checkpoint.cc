@@ -55,30 +55,47 @@ std::string begin_checkpoint(const std::string& dir, int64_t step) {
   return tmp_dir.string();
 }
 
-void write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m, const float* v,
-                       const std::function<bool(const Gpt::Param&)>& include) {
-  // Parameters in Hugging Face layout; the host copies must outlive the write.
-  std::vector<std::vector<float>> keep_alive;
-  std::vector<SafetensorsEntry> params, moments;
+std::vector<SavedParam> saved_params(Gpt& model, const float* m, const float* v,
+                                     const std::function<bool(const Gpt::Param&)>& include,
+                                     const std::function<void(std::vector<float>&)>& tp_sum) {
+  const TensorParallel& tp = model.tp();
+  H2_CHECK(tp.size == 1 || tp_sum) << "a tensor-parallel model's checkpoint needs the TP group's sum";
+  std::vector<SavedParam> out;
   int64_t offset = 0;
   for (const Gpt::Param& p : model.params()) {
-    const Shape& s = p.value.shape();
+    const int64_t n = p.value.numel();
     if (include && !include(p)) {
-      offset += p.value.numel();
+      offset += n;
       continue;
     }
-    keep_alive.push_back(to_host(p.value));
-    if (p.hf_transposed) {
-      keep_alive.back() = transposed(keep_alive.back(), s[0], s[1]);
-      params.push_back({p.name, DType::kF32, {s[1], s[0]}, keep_alive.back().data()});
-    } else {
-      params.push_back({p.name, DType::kF32, dims(s), keep_alive.back().data()});
+    // Each TP rank puts its shard in place over zeros; the sum over the ranks is the whole tensor, exactly.
+    const Shape& s = p.full_shape;
+    const std::vector<float> local = to_host(p.value);
+    SavedParam saved{p.name, dims(s), dims(s), {}, {}, {}};
+    for (auto [from, to] : {std::pair{local.data(), &saved.value}, {m + offset, &saved.m}, {v + offset, &saved.v}}) {
+      to->assign(static_cast<size_t>(s.numel()), 0.0f);
+      tp_runs(p.split, s, tp.rank, tp.size,
+              [&](int64_t full, int64_t mine, int64_t count) { std::copy_n(from + mine, count, to->data() + full); });
+      if (tp.size > 1 && p.split != TpSplit::kNone) tp_sum(*to);
     }
-    moments.push_back({"m." + p.name, DType::kF32, dims(s), m + offset});
-    moments.push_back({"v." + p.name, DType::kF32, dims(s), v + offset});
-    offset += p.value.numel();
+    if (p.hf_transposed) {
+      saved.value = transposed(saved.value, s[0], s[1]);
+      saved.hf_shape = {s[1], s[0]};
+    }
+    out.push_back(std::move(saved));
+    offset += n;
   }
-  write_safetensors((fs::path(folder) / ("model" + part + ".safetensors")).string(), params,
+  return out;
+}
+
+void write_model_files(const std::string& folder, const std::string& part, const std::vector<SavedParam>& params) {
+  std::vector<SafetensorsEntry> values, moments;
+  for (const SavedParam& p : params) {
+    values.push_back({p.name, DType::kF32, p.hf_shape, p.value.data()});
+    moments.push_back({"m." + p.name, DType::kF32, p.shape, p.m.data()});
+    moments.push_back({"v." + p.name, DType::kF32, p.shape, p.v.data()});
+  }
+  write_safetensors((fs::path(folder) / ("model" + part + ".safetensors")).string(), values,
                     {{"format", "pt"}, {"producer", "h2"}});
   write_safetensors((fs::path(folder) / ("optimizer" + part + ".safetensors")).string(), moments);
 }
@@ -125,7 +142,7 @@ std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerS
                             const CheckpointState& state, int keep) {
   const std::string folder = begin_checkpoint(dir, state.step);
   const std::vector<float> m = to_host(optimizer.m), v = to_host(optimizer.v);
-  write_model_files(folder, "", model, m.data(), v.data(), nullptr);
+  write_model_files(folder, "", saved_params(model, m.data(), v.data(), nullptr));
   write_checkpoint_state(folder, state);
   return commit_checkpoint(dir, state.step, keep);
 }
@@ -186,9 +203,15 @@ void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vec
     m->assign(static_cast<size_t>(model.num_params()), 0.0f);
     v->assign(static_cast<size_t>(model.num_params()), 0.0f);
   }
+  const TensorParallel& tp = model.tp();
+  // This rank's shard of a whole tensor (all of it without tensor parallelism).
+  auto take = [&](const Gpt::Param& p, const float* whole, float* shard) {
+    tp_runs(p.split, p.full_shape, tp.rank, tp.size,
+            [&](int64_t full, int64_t mine, int64_t count) { std::copy_n(whole + full, count, shard + mine); });
+  };
   int64_t offset = 0;
   for (const Gpt::Param& p : model.params()) {
-    const Shape& s = p.value.shape();
+    const Shape& s = p.full_shape;
     const SafetensorsEntry& e = find(params, p.name, "model");
     const std::vector<int64_t> want = p.hf_transposed ? std::vector<int64_t>{s[1], s[0]} : dims(s);
     if (e.dtype != DType::kF32 || e.shape != want) {
@@ -196,16 +219,17 @@ void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vec
                                       " of another shape than the model's; was it saved from a different model?"));
     }
     const auto* data = static_cast<const float*>(e.data);
-    std::vector<float> host(data, data + p.value.numel());
+    std::vector<float> host(data, data + s.numel()), shard(static_cast<size_t>(p.value.numel()));
     if (p.hf_transposed) host = transposed(host, s[1], s[0]);
-    copy_from_host(p.value, host.data());
+    take(p, host.data(), shard.data());
+    copy_from_host(p.value, shard.data());
     if (m != nullptr) {
       for (const auto& [prefix, flat] : {std::pair{"m.", m}, {"v.", v}}) {
         const SafetensorsEntry& me = find(moments, prefix + p.name, "optimizer");
         if (me.dtype != DType::kF32 || me.shape != dims(s)) {
           throw Error(ErrorCode::kIo, cat(checkpoint, ": tensor '", prefix, p.name, "' has the wrong shape"));
         }
-        std::copy_n(static_cast<const float*>(me.data), p.value.numel(), flat->data() + offset);
+        take(p, static_cast<const float*>(me.data), flat->data() + offset);
       }
     }
     offset += p.value.numel();

@@ -44,15 +44,27 @@ std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerS
 // commits (rename, `latest`, pruning to `keep`).
 std::string checkpoint_name(int64_t step);  // "step_000100"
 std::string begin_checkpoint(const std::string& dir, int64_t step);
-// model<part>.safetensors and optimizer<part>.safetensors for the parameters `include` accepts (all when null);
-// m and v are laid out like the model's flat parameters.
-void write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m, const float* v,
-                       const std::function<bool(const Gpt::Param&)>& include);
+// A parameter as a checkpoint holds it: the whole tensor (every tensor-parallel shard put together), its value
+// in Hugging Face layout, its AdamW moments in H2's.
+struct SavedParam {
+  std::string name;
+  std::vector<int64_t> hf_shape, shape;
+  std::vector<float> value, m, v;
+};
+// The parameters `include` accepts (all when null); m and v are laid out like the model's flat parameters.
+// With tensor parallelism `tp_sum` sums a host vector in place over the model's TP ranks (a collective: every
+// TP rank calls this with the same `include`), which puts the shards together.
+std::vector<SavedParam> saved_params(Gpt& model, const float* m, const float* v,
+                                     const std::function<bool(const Gpt::Param&)>& include,
+                                     const std::function<void(std::vector<float>&)>& tp_sum = nullptr);
+// model<part>.safetensors and optimizer<part>.safetensors.
+void write_model_files(const std::string& folder, const std::string& part, const std::vector<SavedParam>& params);
 void write_checkpoint_state(const std::string& folder, const CheckpointState& state);
 std::string commit_checkpoint(const std::string& dir, int64_t step, int keep);
 
-// Fills every parameter of `model` (any range) by name from the checkpoint's model files, and when m and v are
-// given, the moments into them (laid out like the flat parameters). Errors name the checkpoint and tensor.
+// Fills every parameter of `model` (any range, any tensor-parallel shard) by name from the checkpoint's model files,
+// and when m and v are given, the moments into them (laid out like the flat parameters). Errors name the checkpoint and
+// tensor.
 void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vector<float>* m, std::vector<float>* v);
 
 // The folder `latest` names in `dir`; Error(kNotFound) when there is none.

@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/file.h"
 #include "model/test_data.h"
 #include "test_util.h"
 
@@ -13,6 +15,7 @@ namespace h2 {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Result {
   int status;
@@ -293,6 +296,52 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   ASSERT_EQ(resumed_metrics.size(), 6u);
   EXPECT_EQ(resumed_metrics.back(), full_metrics.back().substr(0, full_metrics.back().find("\"step_s\"")) +
                                         resumed_metrics.back().substr(resumed_metrics.back().find("\"step_s\"")));
+}
+
+// A hand-written plan with tensor parallelism on one stage and data parallelism on the other (so activations
+// are resharded between them) trains; its checkpoint resumes under the planner's own plan and ends where a run
+// under that plan alone ends (the reference), since checkpoints and the data order do not depend on the plan.
+TEST_F(ClusterTraining, ATensorParallelPlanResumesUnderAnotherPlan) {
+  const Result full = run_h2(command() + " --set train.out_dir=" + dir_ + "/full");
+  ASSERT_EQ(full.status, 0) << full.output;
+  nlohmann::json plan = nlohmann::json::parse(read_file(dir_ + "/full/plan.json"));
+  ASSERT_EQ(plan["stages"].size(), 2u) << plan.dump(2);
+  plan["num_micro_batches"] = 2;
+  plan["micro_batch"] = 2;
+  plan["stages"][0].update({{"chip", "fast"}, {"tp", 2}, {"dp", 1}, {"first_layer", 0}, {"layers", 1}});
+  plan["stages"][1].update({{"chip", "slow"}, {"tp", 1}, {"dp", 2}, {"first_layer", 1}, {"layers", 3}});
+  const std::string tp_plan = dir_ + "/tp_plan.json";
+  std::ofstream(tp_plan) << plan.dump(2);
+  // Stopped in step 5 (the learning-rate schedule is the 6-step run's): step 4's checkpoint is the latest.
+  const Result tp = run_h2(command() + " --plan " + tp_plan, "H2_FAULT_KILL=3:5");
+  EXPECT_NE(tp.status, 0);
+  EXPECT_THAT(tp.output, HasSubstr("launching 4 ranks"));
+  EXPECT_THAT(tp.output, HasSubstr("step     4/6"));
+  const Result resumed = run_h2(command() + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("resumed from"));
+  const auto loss = [](const std::string& line) { return nlohmann::json::parse(line)["loss"].get<double>(); };
+  const double want = loss(metric_lines(dir_ + "/full/metrics.jsonl").back());
+  const double got = loss(metric_lines(dir_ + "/run/metrics.jsonl").back());
+  EXPECT_NEAR(got, want, 1e-4 * want);
+  // `h2 sample` reads the checkpoint the tensor-parallel ranks wrote and continues a prompt as it does from the
+  // same step of the other plan's run (a byte tokenizer keeps ids under the model's 64).
+  testing_util::write_tiny_tokenizer(dir_);
+  const auto sample = [&](const std::string& run) {
+    return run_h2("sample --checkpoint " + dir_ + "/" + run + "/checkpoints/step_000004 --prompt 0 --tokens 6 " +
+                  "--top-k 1 --encoder " + dir_ + "/encoder.json --vocab " + dir_ + "/vocab.bpe");
+  };
+  const Result from_tp = sample("run"), from_full = sample("full");
+  ASSERT_EQ(from_tp.status, 0) << from_tp.output;
+  EXPECT_EQ(from_tp.output, from_full.output);
+
+  // A plan the runtime cannot run is refused before any rank starts, naming the stage.
+  plan["stages"][0]["tp"] = 3;
+  std::ofstream(tp_plan) << plan.dump(2);
+  const Result bad = run_h2(command() + " --plan " + tp_plan);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_THAT(bad.output, HasSubstr("stage 0 (fast): tp 3 does not divide the model's 2 heads"));
+  EXPECT_THAT(bad.output, Not(HasSubstr("launching")));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "comm/transport/inproc/transport.h"
@@ -81,48 +82,55 @@ Curve reference(double grad_clip) {
 struct PipelineCase {
   std::vector<GptRange> stages;
   std::vector<std::string> backends;  // per stage
-  int dp = 1;
+  std::vector<StageShape> shapes;     // per stage; empty = one replica of one rank each
   int micro_batches = 2;
   bool gpipe = false;
   bool zero1 = false;
 };
 
 Curve pipelined(const PipelineCase& pc, double grad_clip) {
-  const StageLayout layout{static_cast<int>(pc.stages.size()), pc.dp};
-  const int ranks = layout.stages * layout.dp;
-  const int rows = kBatch / pc.dp / pc.micro_batches;  // a micro-batch's sequences
-  Schedule base =
-      pc.gpipe ? schedule_gpipe(layout.stages, pc.micro_batches) : schedule_1f1b(layout.stages, pc.micro_batches);
+  StageLayout layout{pc.shapes};
+  if (layout.stages.empty()) layout = StageLayout::uniform(static_cast<int>(pc.stages.size()), 1);
+  const int ranks = layout.world_size(), stages = layout.num_stages();
+  const int rows = kBatch / pc.micro_batches;  // a micro-batch's sequences
+  Schedule base = pc.gpipe ? schedule_gpipe(stages, pc.micro_batches) : schedule_1f1b(stages, pc.micro_batches);
   const Schedule schedule = add_gradient_reduction(lower_communication(base));
   auto transports = make_inproc_transports(ranks);
   std::vector<std::string> errors(static_cast<size_t>(ranks));
   Curve run;
+  std::mutex mu;
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
-        const int stage = r / layout.dp, replica = r % layout.dp;
+        const StageLayout::Place place = layout.place(r);
         Communicator world(transports[static_cast<size_t>(r)]);
         StageComms comms = StageComms::split(world, layout);
-        auto device = create_device(DeviceSpec{.backend = pc.backends[static_cast<size_t>(stage)], .index = r});
-        StageRunner runner(kConfig, *device, pc.stages[static_cast<size_t>(stage)], stage, layout, comms, rows, kSeq,
+        auto device = create_device(DeviceSpec{.backend = pc.backends[static_cast<size_t>(place.stage)], .index = r});
+        StageRunner runner(kConfig, *device, pc.stages[static_cast<size_t>(place.stage)], layout, comms, rows, kSeq,
                            OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1});
         runner.model().init(7);
         for (int s = 0; s < kSteps; ++s) {
-          const StageRunner::Batch batch = [&](int m, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) {
-            batch_rows(s, replica * (kBatch / pc.dp) + m * rows, rows, tok, tgt);
+          const StageRunner::Batch batch = [&](int m, int first, int n, std::vector<int32_t>& tok,
+                                               std::vector<int32_t>& tgt) {
+            batch_rows(s, m * rows + first, n, tok, tgt);
           };
           const float loss = runner.step(schedule, batch, hyper(s));
           if (r == 0) run.losses.push_back(loss);
-          if (s == 0 && replica == 0 && !pc.zero1) {
-            // Gradients after reduction (before the update; clipping is off in the gradient test).
-            static std::mutex mu;
+          if (s == 0 && place.replica == 0 && !pc.zero1) {
+            // Gradients after reduction (before the update; clipping is off in the gradient test), each TP
+            // rank's shard put in its place of the whole tensor.
             std::lock_guard<std::mutex> lock(mu);
             for (const Gpt::Param& p : runner.model().params()) {
-              if (p.name == "wte.weight" && stage != 0) continue;  // the first stage's copy stands for both
+              if (p.name == "wte.weight" && place.stage != 0) continue;  // the first stage's copy stands for both
               std::vector<float> g(static_cast<size_t>(p.grad.numel()));
               copy_to_host(g.data(), p.grad);
-              run.first_grads[p.name] = g;
+              std::vector<float>& whole = run.first_grads[p.name];
+              whole.resize(static_cast<size_t>(p.full_shape.numel()));
+              tp_runs(p.split, p.full_shape, place.t, runner.model().tp().size,
+                      [&](int64_t full, int64_t mine, int64_t count) {
+                        std::copy_n(g.begin() + mine, count, whole.begin() + full);
+                      });
             }
           }
         }
@@ -155,7 +163,7 @@ TEST(PipelineRuntime, NonUniformThreeStagesWithDataParallelMixedBackends) {
   const Curve ref = reference(1.0);
   const PipelineCase pc{.stages = {{true, 0, 1, false}, {false, 1, 3, false}, {false, 3, 4, true}},
                         .backends = {"ref", "cpu", "emu"},
-                        .dp = 2,
+                        .shapes = {{2, 1}, {2, 1}, {2, 1}},
                         .micro_batches = 2};
   expect_same_curve(ref, pipelined(pc, 1.0));
 }
@@ -165,15 +173,52 @@ TEST(PipelineRuntime, GPipeRecomputesAndZero1ShardsTheOptimizer) {
   expect_same_curve(
       ref,
       pipelined({.stages = {kFirst2, kLast2}, .backends = {"cpu", "cpu"}, .micro_batches = 4, .gpipe = true}, 1.0));
-  expect_same_curve(ref,
-                    pipelined({.stages = {kFirst2, kLast2}, .backends = {"cpu", "emu"}, .dp = 2, .zero1 = true}, 1.0));
+  expect_same_curve(
+      ref,
+      pipelined({.stages = {kFirst2, kLast2}, .backends = {"cpu", "emu"}, .shapes = {{2, 1}, {2, 1}}, .zero1 = true},
+                1.0));
+}
+
+TEST(PipelineRuntime, TensorParallelStagesFollowTheSingleDeviceCurve) {
+  const Curve ref = reference(1.0);
+  expect_same_curve(
+      ref,
+      pipelined(
+          {.stages = {kFirst2, kLast2}, .backends = {"cpu", "emu"}, .shapes = {{1, 2}, {1, 2}}, .micro_batches = 4},
+          1.0));
+  // Data and tensor parallel together, with the optimizer state sharded.
+  expect_same_curve(
+      ref,
+      pipelined({.stages = {kFirst2, kLast2}, .backends = {"cpu", "ref"}, .shapes = {{2, 2}, {2, 2}}, .zero1 = true},
+                1.0));
+}
+
+TEST(PipelineRuntime, StagesOfDifferentDataAndTensorParallelismReshardAtTheirBoundaries) {
+  const Curve ref = reference(1.0);
+  // DP 2 -> TP 2 -> DP 1 x TP 1 -> DP 2 x TP 2 over four stages of 1 block, the first holding the embedding.
+  const PipelineCase pc{
+      .stages = {{true, 0, 1, false}, {false, 1, 2, false}, {false, 2, 3, false}, {false, 3, 4, true}},
+      .backends = {"cpu", "emu", "ref", "cpu"},
+      .shapes = {{2, 1}, {1, 2}, {1, 1}, {2, 2}},
+      .micro_batches = 2};
+  expect_same_curve(ref, pipelined(pc, 1.0));
+  expect_same_curve(ref, pipelined({.stages = {{true, 0, 1, false}, {false, 1, 4, true}},
+                                    .backends = {"emu", "emu"},
+                                    .shapes = {{1, 2}, {2, 1}}},
+                                   1.0));
+  PipelineCase zero = pc;
+  zero.zero1 = true;
+  zero.gpipe = true;
+  expect_same_curve(ref, pipelined(zero, 1.0));
 }
 
 TEST(PipelineRuntime, GradientsMatchTheUnpipelinedModel) {
   const Curve ref = reference(0.0);
-  const Curve got = pipelined(
-      {.stages = {{true, 0, 1, false}, {false, 1, 4, true}}, .backends = {"cpu", "ref"}, .dp = 2, .micro_batches = 2},
-      0.0);
+  const Curve got = pipelined({.stages = {{true, 0, 1, false}, {false, 1, 4, true}},
+                               .backends = {"cpu", "ref"},
+                               .shapes = {{2, 2}, {1, 2}},
+                               .micro_batches = 2},
+                              0.0);
   ASSERT_EQ(got.first_grads.size(), ref.first_grads.size());
   for (const auto& [name, g] : ref.first_grads) {
     const auto& h = got.first_grads.at(name);

@@ -1,6 +1,8 @@
 // Training on one device: backends agree, loss falls, resume is bit-exact, checkpoints survive damage.
 #include "train/trainer.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -122,6 +124,65 @@ TEST(Checkpoint, SaveLoadRoundTripInHuggingFaceLayout) {
   }
   EXPECT_TRUE(file.has("h.1.mlp.c_proj.weight"));
   EXPECT_EQ(read_checkpoint_state(ckpt).step, 2);
+}
+
+// Tensor-parallel shards hold their part of the whole model: initialised alike, put together into the whole
+// tensors for a checkpoint, and sliced back out of one (the reference: the whole model, unsplit).
+TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
+  const GptConfig config{.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = kVocab, .seq_len = 8};
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Gpt whole(config, *dev, GptRange::whole(config), 1, 4);
+  whole.init(3);
+  const auto no_sum = [](std::vector<float>&) {};  // a group of one here: the test adds the shards itself
+  const auto all_values = [&](Gpt& m) {
+    std::vector<float> zeros(static_cast<size_t>(m.num_params()), 0.0f);
+    return saved_params(m, zeros.data(), zeros.data(), nullptr, no_sum);
+  };
+  const std::vector<SavedParam> want = all_values(whole);
+  std::vector<SavedParam> sum;
+  for (int t = 0; t < 4; ++t) {
+    Gpt shard(config, *dev, GptRange::whole(config), 1, 4, TensorParallel{t, 4, [](const Tensor&) {}});
+    shard.init(3);
+    EXPECT_LT(shard.num_params(), whole.num_params());
+    std::vector<SavedParam> part = all_values(shard);
+    if (sum.empty()) {
+      sum = part;
+      continue;
+    }
+    for (size_t i = 0; i < part.size(); ++i) {
+      // Replicated tensors are whole on every rank; only split ones add up.
+      if (part[i].value.size() != sum[i].value.size()) FAIL() << part[i].name;
+      bool split = false;
+      for (const Gpt::Param& p : shard.params()) split |= p.name == part[i].name && p.split != TpSplit::kNone;
+      if (!split) continue;
+      for (size_t k = 0; k < part[i].value.size(); ++k) sum[i].value[k] += part[i].value[k];
+    }
+  }
+  ASSERT_EQ(sum.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(sum[i].name, want[i].name);
+    EXPECT_EQ(sum[i].hf_shape, want[i].hf_shape) << want[i].name;
+    EXPECT_EQ(sum[i].value, want[i].value) << want[i].name;
+  }
+  // Loading the whole model's checkpoint into shard 2 gives shard 2's initial values.
+  const std::string dir = (fs::temp_directory_path() / cat("h2_tp_ckpt_", getpid())).string();
+  fs::remove_all(dir);
+  const std::vector<float> zeros(static_cast<size_t>(whole.num_params()), 0.0f);
+  save_checkpoint(
+      dir, whole,
+      OptimizerState{dev->zeros(DType::kF32, {whole.num_params()}), dev->zeros(DType::kF32, {whole.num_params()})},
+      CheckpointState{.step = 1, .model = config}, 1);
+  Gpt fresh(config, *dev, GptRange::whole(config), 1, 4, TensorParallel{2, 4, [](const Tensor&) {}});
+  Gpt expected(config, *dev, GptRange::whole(config), 1, 4, TensorParallel{2, 4, [](const Tensor&) {}});
+  expected.init(3);
+  std::vector<float> m, v;
+  load_checkpoint_by_name(latest_checkpoint(dir), fresh, &m, &v);
+  for (size_t i = 0; i < fresh.params().size(); ++i) {
+    const Tensor& a = fresh.params()[i].value;
+    const Tensor& b = expected.params()[i].value;
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())), 0) << fresh.params()[i].name;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(Checkpoint, DamagedFilesAreClearErrorsAndThePreviousOneSurvives) {
