@@ -3,7 +3,8 @@
 // This is how a heterogeneous cluster is reproduced on one machine (DESIGN.md); it is an emulation and says so.
 //
 // How pacing works. A profile gives the chip's speed relative to this host's cpu backend (0 < speed <= 1) and
-// optionally its copy bandwidth. After each kernel the device measures the kernel's wall time t and owes a
+// optionally its copy bandwidth. After each kernel the device measures the kernel's time t (the calling
+// thread's CPU time when kernels run single-threaded, OMP_NUM_THREADS=1, else wall time) and owes a
 // further t * (1/speed - 1) seconds of idle time; after each copy of n bytes that took t, it owes
 // max(0, n / bandwidth - t). The debt is paid by sleeping (never by spinning, so idle emulated chips leave the
 // cores to the others) once it exceeds kMinSleepSeconds, and what the sleep really took is subtracted, so
@@ -14,9 +15,10 @@
 //  - Speeds above 1.0 cannot be emulated (the host cannot run faster than itself); profiles are normalised so
 //    the fastest chip is 1.0, and loading a profile with speed > 1 is an error.
 //  - Every kernel is slowed by the same factor. A real chip's ratio differs per op (compute- vs memory-bound).
-//  - The measured time t includes contention: when more emulated ranks run than there are cores, t grows with
-//    the load and the pacing scales the inflated time. Keep (busy ranks x threads per rank) <= cores for
-//    faithful ratios; sleeping ranks do not count as busy.
+//  - The measured time t includes contention: when more emulated ranks run than there are cores, a
+//    multi-threaded kernel's wall time grows with the load and the pacing scales the inflated time. Keep (busy
+//    ranks x threads per rank) <= cores for faithful ratios; sleeping ranks do not count as busy. Single-threaded
+//    kernels are timed by CPU time and escape time-slicing, but not memory-bandwidth and cache contention.
 //  - Sleeps are paid in slices of at least kMinSleepSeconds: single ops shorter than that are timed only on
 //    aggregate, over many ops.
 #pragma once
