@@ -10,8 +10,17 @@
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "pipeline/hetero_train.h"
+#include "planner/cost_model.h"
 
 namespace h2 {
+
+double achieved_flops_per_second(const TransformerShape& shape, int micro_batch, double layer_s, double head_s) {
+  const int64_t T = shape.seq_len;
+  const double flops =
+      3.0 * micro_batch *
+      (static_cast<double>(shape.layers) * layer_forward_flops(shape, T) + head_forward_flops(shape, T));
+  return flops / (static_cast<double>(shape.layers) * layer_s + head_s);
+}
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch) {
@@ -54,18 +63,21 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       device->synchronize();
     });
   }
-  const double flops = 3.0 * B * (shape.layers * layer_forward_flops(shape, T) + head_forward_flops(shape, T));
-  m.flops_per_second = flops / (shape.layers * m.layer_s + m.head_s);
-  // The optimizer step: the cost model charges it optimizer_traffic_bytes (28) per parameter of memory
-  // traffic, so the rate measured here is the memory bandwidth that makes that formula true on this chip.
+  m.flops_per_second = achieved_flops_per_second(shape, B, m.layer_s, m.head_s);
+  // The optimizer step as the runtime takes it (pipeline/runtime.cc): the gradient's squared norm, clipping,
+  // AdamW. The cost model charges it optimizer_traffic_bytes per parameter of memory traffic (f32: 40), so the
+  // rate measured here is the memory bandwidth that makes that formula true on this chip.
   const int64_t n = int64_t{4} << 20;
   Tensor w = device->zeros(DType::kF32, {n}), mo = device->zeros(DType::kF32, {n}),
-         ve = device->zeros(DType::kF32, {n}), g = device->zeros(DType::kF32, {n});
-  const double adamw_s = median_seconds(3, [&] {
+         ve = device->zeros(DType::kF32, {n}), g = device->zeros(DType::kF32, {n}),
+         norm = device->zeros(DType::kF32, {1});
+  const double step_s = median_seconds(3, [&] {
+    ops::global_norm_squared(norm, g);
+    ops::scale(g, 0.5f);
     ops::adamw_update(w, mo, ve, g, AdamwParams{});
     device->synchronize();
   });
-  m.optimizer_gbps = 28.0 * static_cast<double>(n) / adamw_s / 1e9;
+  m.optimizer_gbps = CostConstants::f32().optimizer_traffic_bytes * static_cast<double>(n) / step_s / 1e9;
   return m;
 }
 

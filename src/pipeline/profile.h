@@ -5,10 +5,12 @@
 // Per chip type (an emulated chip of that type here): one transformer block's forward + backward and the head's
 // (final LayerNorm, logits, loss) at the model's shapes and the micro-batch size, with the cores each rank will
 // get; the achieved FLOP rate over the whole model (L blocks + head, the cost model's FLOP counts) becomes the
-// chip's peak_tflops with efficiency 1, and the AdamW update's rate, as the bandwidth that makes the cost model's
-// optimizer formula (28 bytes of traffic per parameter) true, its memory bandwidth. Per link: DiComm
-// point-to-point between two processes, latency from 8-byte and bandwidth from 4 MiB exchanges, applied to every
-// link and NIC of the cluster (on one host they are all the same path).
+// chip's peak_tflops with efficiency 1, and the optimizer step's rate (norm, clipping, AdamW), as the bandwidth
+// that makes the cost model's optimizer formula (40 bytes of traffic per f32 parameter) true, its memory
+// bandwidth. Per link: DiComm latency from 8-byte exchanges and bandwidth from 32 MiB all-reduces of every pair
+// of ranks at once, applied to every link and NIC of the cluster (on one host they are all the same path).
+// `h2 profile` runs these in one process per device, all at once, so each chip is measured while the others
+// load the host as training will.
 #pragma once
 
 #include <string>
@@ -32,6 +34,10 @@ struct LinkMeasurement {
   double bandwidth_gbps = 0;
   double latency_us = 0;
 };
+
+// The FLOP rate achieved over the whole model (L blocks + head, the cost model's counts, forward + backward)
+// when a block takes layer_s and the head head_s per micro-batch.
+double achieved_flops_per_second(const TransformerShape& shape, int micro_batch, double layer_s, double head_s);
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch);

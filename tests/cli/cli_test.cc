@@ -7,8 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/config.h"
 #include "core/file.h"
 #include "model/test_data.h"
+#include "planner/spec.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -242,11 +244,11 @@ class ClusterTraining : public ::testing::Test {
     std::ofstream(config_)
         << "model: {n_layer: 4, n_head: 2, n_embd: 32, vocab_size: 64, seq_len: 16}\n"
            "data: {train: " +
-               dir_ +
-               "/train_*.bin}\n"
+               dir_ + "/train_*.bin, val: " + dir_ +
+               "/val_*.bin}\n"
                "optim: {lr: 3.0e-3, warmup_steps: 0}\n"
                "train: {batch_size: 4, seq_len: 16, steps: 6, checkpoint_every: 2, keep_checkpoints: 5, "
-               "log_every: 1, out_dir: " +
+               "log_every: 1, eval_every: 3, eval_batches: 2, out_dir: " +
                dir_ + "/run}\n";
   }
   std::string command() const {
@@ -273,7 +275,14 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
     EXPECT_TRUE(std::filesystem::exists(dir_ + "/full/" + f)) << f;
   }
   const auto full_metrics = metric_lines(dir_ + "/full/metrics.jsonl");
-  ASSERT_EQ(full_metrics.size(), 6u);
+  ASSERT_EQ(full_metrics.size(), 8u);  // 6 steps, held-out loss after steps 3 and 6
+  // The held-out loss is the single-device run's (the reference: the same model, data and steps on one device).
+  EXPECT_THAT(full.output, HasSubstr("step     6 | val loss"));
+  const Result single = run_h2("train --config " + config_ + " --quiet --set train.out_dir=" + dir_ + "/single");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const auto val = [](const std::string& line) { return nlohmann::json::parse(line).at("val_loss").get<double>(); };
+  const double want = val(metric_lines(dir_ + "/single/metrics.jsonl").back());
+  EXPECT_NEAR(val(full_metrics.back()), want, 1e-4 * want);
   // Both ranks' actions are in the measured trace.
   std::ifstream trace(dir_ + "/full/trace_measured.json");
   const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
@@ -293,9 +302,35 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("resumed from"));
   const auto resumed_metrics = metric_lines(dir_ + "/run/metrics.jsonl");
-  ASSERT_EQ(resumed_metrics.size(), 6u);
-  EXPECT_EQ(resumed_metrics.back(), full_metrics.back().substr(0, full_metrics.back().find("\"step_s\"")) +
-                                        resumed_metrics.back().substr(resumed_metrics.back().find("\"step_s\"")));
+  ASSERT_EQ(resumed_metrics.size(), 8u);
+  EXPECT_EQ(resumed_metrics.back(), full_metrics.back());  // the held-out loss after step 6, bit for bit
+  const std::string& last_step = resumed_metrics[resumed_metrics.size() - 2];
+  const std::string& full_step = full_metrics[full_metrics.size() - 2];
+  EXPECT_EQ(last_step.substr(0, last_step.find("\"step_s\"")), full_step.substr(0, full_step.find("\"step_s\"")));
+}
+
+// h2 profile measures each chip type (one process per device, all at once) and the link, and writes a cluster
+// file the planner reads: the measured FLOP rate as the peak at efficiency 1. (The rates themselves are not
+// checked: this model's kernels are too small to time; docs/pipeline.md has the example's.)
+TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
+  const std::string out = dir_ + "/profiled.yaml";
+  const Result r = run_h2("profile --cluster " + cluster_ + " --model " + model_ + " --out " + out);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("2 processes at once (one per device)"));
+  const Cluster measured = load_cluster(ConfigNode::load_file(out));
+  EXPECT_EQ(measured.name, "two-chips-profiled");
+  const ChipType& fast = measured.chips[static_cast<size_t>(measured.chip_index("fast"))];
+  const ChipType& slow = measured.chips[static_cast<size_t>(measured.chip_index("slow"))];
+  EXPECT_EQ(fast.efficiency, 1.0);
+  EXPECT_GT(slow.peak_tflops, 0.0);
+  EXPECT_GT(fast.peak_tflops, 0.0);
+  EXPECT_GT(fast.memory_bandwidth_gbps, 0.0);
+  EXPECT_GT(measured.links.front().bandwidth_gbps, 0.0);
+  EXPECT_FALSE(std::filesystem::exists(out + ".ranks.json"));
+  EXPECT_FALSE(std::filesystem::exists(out + ".model.yaml"));
+  // h2 plan reads it.
+  const Result plan = run_h2("plan --cluster " + out + " --model " + model_ + " --train " + train_);
+  EXPECT_EQ(plan.status, 0) << plan.output;
 }
 
 // A hand-written plan with tensor parallelism on one stage and data parallelism on the other (so activations
@@ -320,9 +355,11 @@ TEST_F(ClusterTraining, ATensorParallelPlanResumesUnderAnotherPlan) {
   const Result resumed = run_h2(command() + " --resume");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("resumed from"));
-  const auto loss = [](const std::string& line) { return nlohmann::json::parse(line)["loss"].get<double>(); };
-  const double want = loss(metric_lines(dir_ + "/full/metrics.jsonl").back());
-  const double got = loss(metric_lines(dir_ + "/run/metrics.jsonl").back());
+  const auto loss = [](const std::vector<std::string>& lines) {  // the last training step's
+    return nlohmann::json::parse(lines[lines.size() - 2])["loss"].get<double>();
+  };
+  const double want = loss(metric_lines(dir_ + "/full/metrics.jsonl"));
+  const double got = loss(metric_lines(dir_ + "/run/metrics.jsonl"));
   EXPECT_NEAR(got, want, 1e-4 * want);
   // `h2 sample` reads the checkpoint the tensor-parallel ranks wrote and continues a prompt as it does from the
   // same step of the other plan's run (a byte tokenizer keeps ids under the model's 64).
