@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/clock.h"
 #include "core/file.h"
@@ -75,15 +76,21 @@ GptConfig gpt_config_of(const TransformerShape& shape) {
   return c;
 }
 
-EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip) {
+EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int host_cores) {
   const int index = cluster.chip_index(chip);
   if (index < 0)
     throw Error(ErrorCode::kNotFound, cat("the plan's chip type '", chip, "' is not in cluster ", cluster.name));
   double fastest = 0;
   for (const ChipType& c : cluster.chips) fastest = std::max(fastest, c.flops_per_second());
+  double busy_cores = 0;  // every device busy at its relative speed
+  for (const NodeGroup& g : cluster.groups) {
+    busy_cores += g.devices() * cluster.chips[static_cast<size_t>(g.chip)].flops_per_second() / fastest;
+  }
+  if (host_cores <= 0) host_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const double scale = busy_cores > 0 ? std::min(1.0, 0.9 * host_cores / busy_cores) : 1.0;
   const ChipType& c = cluster.chips[static_cast<size_t>(index)];
   return EmuProfile{.chip = c.name,
-                    .speed = c.flops_per_second() / fastest,
+                    .speed = scale * c.flops_per_second() / fastest,
                     .mem_capacity_bytes = static_cast<size_t>(c.memory_bytes()),
                     .mem_bandwidth_gbps = 0};
 }
@@ -113,6 +120,12 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
         std::make_unique<TokenLoader>(expand_glob(c.train_data), static_cast<int>(plan.global_batch), T, c.seed, true);
   }
   std::vector<int32_t> tokens, targets;
+  // Held-out data, read in order from the start at each evaluation (every rank knows how many batches there are).
+  std::unique_ptr<TokenLoader> val_loader;
+  if (!c.val_data.empty()) {
+    val_loader =
+        std::make_unique<TokenLoader>(expand_glob(c.val_data), static_cast<int>(plan.global_batch), T, c.seed, false);
+  }
   const std::string checkpoint_dir = (fs::path(c.out_dir) / "checkpoints").string();
   int64_t first_step = 0;
   if (run.resume) {
@@ -185,6 +198,17 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     tgt.assign(targets.begin() + first, targets.begin() + first + int64_t{n} * T);
   };
   RankOutcome out;
+  const auto evaluate = [&] {
+    val_loader->seek({0, 0});
+    const int batches =
+        static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(c.eval_batches), val_loader->batches_per_epoch()));
+    double sum = 0;
+    for (int i = 0; i < batches; ++i) {
+      val_loader->next(tokens, targets);  // the training batch is loaded again at the next step
+      sum += runner.evaluate(M, batch);
+    }
+    return static_cast<float>(sum / batches);
+  };
   const double tokens_per_step = static_cast<double>(plan.global_batch) * T;
   // Step time: the mean after two warm-up steps (when the run has more than two), else over every step.
   double measured = 0, all = 0;
@@ -223,6 +247,14 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
         std::fflush(stdout);
       }
     }
+    if (val_loader && (step + 1 == c.steps || (c.eval_every > 0 && (step + 1) % c.eval_every == 0))) {
+      out.val_loss = evaluate();
+      if (rank == 0) {
+        metrics << nlohmann::json{{"step", step + 1}, {"val_loss", out.val_loss}}.dump() << "\n";
+        metrics.flush();
+        if (!quiet) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), out.val_loss);
+      }
+    }
     if (step + 1 == c.steps || (c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0)) save(step + 1);
   }
   const int64_t ran = out.steps_done - first_step;
@@ -235,6 +267,7 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     write_file_atomic((fs::path(c.out_dir) / "measured.json").string(),
                       nlohmann::json{{"steps", out.steps_done},
                                      {"last_loss", out.last_loss},
+                                     {"val_loss", out.val_loss},
                                      {"step_s", out.step_seconds},
                                      {"tokens_per_s", out.step_seconds > 0 ? tokens_per_step / out.step_seconds : 0}}
                           .dump(2));

@@ -44,13 +44,17 @@ void check_plan_runs(const Plan& plan, const GptConfig& model);
 // The GPT configuration the planner's model file describes (layers, hidden, heads, vocab, seq_len).
 GptConfig gpt_config_of(const TransformerShape& shape);
 
-// The emulated chip a cluster's chip type becomes on this host: speed relative to the fastest type in the
-// cluster (the fastest runs at this host's speed), its memory, its memory bandwidth.
-EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip);
+// The emulated chip a cluster's chip type becomes on a host with `host_cores` cores (0: this host's): its memory,
+// and its speed relative to the fastest type in the cluster, times one factor for the whole cluster. A paced
+// chip of speed s keeps s of a core busy, so the factor slows every chip alike until the cluster's devices,
+// all busy, need at most 90% of the cores (the rest for communication and the system): emulation is faithful
+// only then (device/emu/device.h). The fastest type runs at this host's speed when the cores suffice.
+EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int host_cores = 0);
 
 struct RankOutcome {
   int64_t steps_done = 0;
   float last_loss = 0;
+  float val_loss = -1;      // the last held-out evaluation's mean loss; -1 without one
   double step_seconds = 0;  // measured: mean after two warm-up steps (over all steps in shorter runs)
   bool interrupted = false;
 };

@@ -186,12 +186,7 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
                                                  schedule.ranks, " ranks; this pipeline has ", layout_.num_stages()));
   }
   micro_batches_ = schedule.micro_batches;
-  const Shape act{B_, T_, config_.n_embd};
-  while (stash_.size() < static_cast<size_t>(micro_batches_)) {
-    stash_.push_back(first_ ? Tensor() : device_.empty(DType::kF32, act));
-    out_.push_back(last_ ? Tensor() : device_.empty(DType::kF32, act));
-    gout_.push_back(first_ ? Tensor() : device_.empty(DType::kF32, act));
-  }
+  ensure_buffers(micro_batches_);
   model_->zero_grads();
   loss_sum_ = 0;
   holds_ = -1;
@@ -238,27 +233,63 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
     if (request) comms_.all.wait_request(*request, "pipeline send", peer);
   }
   sends_.clear();
-  // The step's loss: the mean over micro-batches on the last stage, averaged over replicas, then sent to all.
-  float loss = static_cast<float>(loss_sum_ / micro_batches_);
+  return share_loss(loss_sum_, micro_batches_);
+}
+
+void StageRunner::ensure_buffers(int micro_batches) {
+  const Shape act{B_, T_, config_.n_embd};
+  while (stash_.size() < static_cast<size_t>(micro_batches)) {
+    stash_.push_back(first_ ? Tensor() : device_.empty(DType::kF32, act));
+    out_.push_back(last_ ? Tensor() : device_.empty(DType::kF32, act));
+    gout_.push_back(first_ ? Tensor() : device_.empty(DType::kF32, act));
+  }
+}
+
+// The mean over micro-batches on the last stage, averaged over its replicas, then sent to every rank.
+float StageRunner::share_loss(double loss_sum, int micro_batches) {
+  float loss = static_cast<float>(loss_sum / micro_batches);
   if (last_) comms_.dp.all_reduce(&loss, 1, DType::kF32, ReduceOp::kAvg);
   comms_.all.broadcast(&loss, 1, DType::kF32, layout_.first_rank(layout_.num_stages() - 1));
   return loss;
 }
 
-void StageRunner::reduce_gradients() {
-  if (comms_.tied.size() > 1) {
-    // Before the replicas' sum: pairs add their own gradients (the replicas' sum then adds the pairs); one group
-    // of both ends' ranks adds everything, each TP copy counted once, and leaves each replica its share.
-    const StageShape shape = layout_.stages[static_cast<size_t>(place_.stage)];
-    const bool pairs = comms_.tied.size() == 2;
-    for (Gpt::Param& p : model_->params()) {
-      if (p.name != "wte.weight") continue;
-      if (!pairs) ops::scale(p.grad, 1.0f / static_cast<float>(shape.tp));
-      tied_.all_reduce(p.grad, ReduceOp::kSum);
-      if (!pairs) ops::scale(p.grad, 1.0f / static_cast<float>(shape.dp));
+float StageRunner::evaluate(int micro_batches, const Batch& batch) {
+  ensure_buffers(1);
+  double loss_sum = 0;
+  for (int m = 0; m < micro_batches; ++m) {
+    if (!first_) receive(from_prev_, stash_[0], activation_tag(m));
+    load_input(m, batch);
+    model_->forward(first_ ? tokens_ : stash_[0]);
+    if (last_) {
+      loss_sum += model_->loss(targets_, 0.0f);  // no gradient wanted
+    } else {
+      copy(out_[0], model_->output());
+      for (const Transfer& p : to_next_) all_.send(rows_of(out_[0], p), p.to, activation_tag(m));
     }
   }
-  if (!options_.zero1 && comms_.dp.size() > 1) dp_.all_reduce(model_->flat_grads(), ReduceOp::kSum);
+  holds_ = -1;
+  return share_loss(loss_sum, micro_batches);
+}
+
+void StageRunner::reduce_gradients() {
+  // Without ZeRO-1 the replicas sum first (a stage need not wait for the other end of the pipeline for that),
+  // then the ends sum the tied embedding. With ZeRO-1 the replicas' reduce-scatter comes in OPTIM, so the ends
+  // sum their own gradients here first. Pairs (ends of the same DP and TP) add their gradients as they are; one
+  // group of both ends' ranks scales each rank's part so that the sum counts each TP copy and (after the
+  // replicas' sum) each replica once.
+  const StageShape shape = layout_.stages[static_cast<size_t>(place_.stage)];
+  const bool plain = !options_.zero1;
+  if (plain && comms_.dp.size() > 1) dp_.all_reduce(model_->flat_grads(), ReduceOp::kSum);
+  if (comms_.tied.size() <= 1) return;
+  const bool pairs = comms_.tied.size() == 2;
+  const float before = pairs ? 1.0f : 1.0f / static_cast<float>(plain ? shape.tp * shape.dp : shape.tp);
+  const float after = pairs || plain ? 1.0f : 1.0f / static_cast<float>(shape.dp);
+  for (Gpt::Param& p : model_->params()) {
+    if (p.name != "wte.weight") continue;
+    if (before != 1.0f) ops::scale(p.grad, before);
+    tied_.all_reduce(p.grad, ReduceOp::kSum);
+    if (after != 1.0f) ops::scale(p.grad, after);
+  }
 }
 
 void StageRunner::optimize(AdamwParams hp) {

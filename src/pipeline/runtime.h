@@ -91,6 +91,9 @@ class StageRunner {
   // Runs one training step: this rank's actions of `schedule` (lowered, with gradient reduction). Returns the
   // step's mean loss, known on every rank (broadcast from the last stage).
   float step(const Schedule& schedule, const Batch& batch, const AdamwParams& hp);
+  // Held-out evaluation: `micro_batches` micro-batches forward only, one after another through the pipeline.
+  // Returns their mean loss, known on every rank; parameters and gradients are left alone.
+  float evaluate(int micro_batches, const Batch& batch);
   // Called after each action with its start and end (seconds, steady clock): for the measured trace.
   std::function<void(const Action&, double, double)> on_action;
   double last_grad_norm() const { return grad_norm_; }
@@ -106,6 +109,8 @@ class StageRunner {
   void reduce_gradients();
   void optimize(AdamwParams hp);
   void load_input(int m, const Batch& batch);
+  void ensure_buffers(int micro_batches);
+  float share_loss(double loss_sum, int micro_batches);
   float loss_scale() const;
   Tensor rows_of(const Tensor& t, const Transfer& piece) const;
   void send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag);

@@ -26,9 +26,11 @@ struct CostConstants {
   double workspace_fraction = 0.05;     // memory kept free for allocator slack and library workspaces
 
   // All f32 (H2's runtime today): 4-byte weights, gradients and activations; Adam m and v (8) beside weights
-  // that are their own master copy; traffic read+write of weight, m, v (24) + the gradient (4).
+  // that are their own master copy; traffic as the runtime's step moves it: the gradient norm (read, 4),
+  // clipping (read + write, 8), AdamW (read+write of weight, m, v: 24, and the gradient: 4).
   static CostConstants f32() {
-    return CostConstants{.weight_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4};
+    return CostConstants{
+        .weight_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4, .optimizer_traffic_bytes = 40};
   }
 };
 

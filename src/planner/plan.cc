@@ -1,6 +1,7 @@
 // plan.json: writing and reading, with a version and checked fields.
 #include "planner/plan.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -37,6 +38,7 @@ std::string Plan::to_json() const {
                            {"backward_s", s.backward_s},
                            {"send_s", s.send_s},
                            {"dp_allreduce_s", s.dp_allreduce_s},
+                           {"tied_allreduce_s", s.tied_allreduce_s},
                            {"optimizer_s", s.optimizer_s},
                            {"state_bytes", s.state_bytes},
                            {"activation_bytes", s.activation_bytes},
@@ -107,13 +109,14 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
       st.backward_s = s.at("backward_s").get<double>();
       st.send_s = s.at("send_s").get<double>();
       st.dp_allreduce_s = s.at("dp_allreduce_s").get<double>();
+      st.tied_allreduce_s = s.value("tied_allreduce_s", 0.0);  // absent from plans written before it was modelled
       st.optimizer_s = s.at("optimizer_s").get<double>();
       st.state_bytes = s.at("state_bytes").get<double>();
       st.activation_bytes = s.at("activation_bytes").get<double>();
       st.memory_bytes = s.at("memory_bytes").get<double>();
       st.capacity_bytes = s.at("capacity_bytes").get<double>();
       if (st.tp < 1 || st.dp < 1 || st.layers < 0 || st.first_layer != next_layer || st.forward_s < 0 ||
-          st.backward_s < 0) {
+          st.backward_s < 0 || st.tied_allreduce_s < 0) {
         throw Error(ErrorCode::kConfig, cat(source, ": ", field,
                                             ": inconsistent stage (tp, dp >= 1; layers contiguous "
                                             "from 0; times >= 0)"));
@@ -149,5 +152,25 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
 void save_plan(const Plan& plan, const std::string& path) { write_file_atomic(path, plan.to_json()); }
 
 Plan load_plan(const std::string& path) { return Plan::from_json(read_file(path), path); }
+
+StepEnd end_of_step(const Plan& plan, const std::vector<double>& finish) {
+  const size_t p = plan.stages.size();
+  StepEnd e;
+  e.reduce_start = finish;
+  std::vector<double> ready(p);
+  for (size_t i = 0; i < p; ++i) ready[i] = finish[i] + plan.stages[i].dp_allreduce_s;
+  e.tied_start.assign(p, -1.0);
+  if (p > 1 && (plan.stages.front().tied_allreduce_s > 0 || plan.stages.back().tied_allreduce_s > 0)) {
+    const double start = std::max(ready.front(), ready.back());
+    e.tied_start.front() = e.tied_start.back() = start;
+    ready.front() = start + plan.stages.front().tied_allreduce_s;
+    ready.back() = start + plan.stages.back().tied_allreduce_s;
+  }
+  const double norm = *std::max_element(ready.begin(), ready.end());  // every rank agrees on the gradient norm
+  e.optim_start.assign(p, norm);
+  e.step_s = 0;
+  for (size_t i = 0; i < p; ++i) e.step_s = std::max(e.step_s, norm + plan.stages[i].optimizer_s);
+  return e;
+}
 
 }  // namespace h2

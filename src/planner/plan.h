@@ -26,6 +26,7 @@ struct StagePlan {
   double forward_s = 0, backward_s = 0;
   double send_s = 0;  // activation to the next stage (and its gradient back); 0 on the last stage
   double dp_allreduce_s = 0, optimizer_s = 0;   // per step
+  double tied_allreduce_s = 0;                  // per step, first and last stage: the tied embedding's gradient
   double state_bytes = 0;                       // per device: weights, gradients, optimizer state
   double activation_bytes = 0;                  // per device and micro-batch kept for backward
   double memory_bytes = 0, capacity_bytes = 0;  // per device: state + in_flight x activations (usable capacity)
@@ -52,6 +53,16 @@ struct Plan {
   std::string to_json() const;
   static Plan from_json(const std::string& text, const std::string& source);  // Error(kConfig) names the field
 };
+
+// The end of a step, given when each stage finished its last backward, in H2's runtime order: each stage sums
+// its gradients over its replicas (dp_allreduce_s); the first and the last stage then sum the tied embedding's
+// gradient once both are ready (tied_allreduce_s); every rank then agrees on the global gradient norm, so the
+// optimizer steps (optimizer_s) start together. Start times per stage (tied_start -1 where there is none).
+struct StepEnd {
+  double step_s = 0;
+  std::vector<double> reduce_start, tied_start, optim_start;
+};
+StepEnd end_of_step(const Plan& plan, const std::vector<double>& finish);
 
 void save_plan(const Plan& plan, const std::string& path);  // atomic
 Plan load_plan(const std::string& path);

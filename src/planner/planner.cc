@@ -184,8 +184,8 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
                 (p > 1 && s.tied_embeddings ? static_cast<double>(s.vocab * s.hidden) : 0);
     st.dp_allreduce_s = c.dp_allreduce_s(t.chip, t.tp, layout.dp, params / t.tp);
     if (p > 1 && s.tied_embeddings && (t.embedding || t.head)) {
-      st.dp_allreduce_s +=
-          c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden) / t.tp);
+      st.tied_allreduce_s =
+          c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden));
     }
     st.optimizer_s = c.optimizer_s(t.chip, layout.dp, params / t.tp);
     st.state_bytes = n * t.state_layer_bytes + (t.fixed_bytes - (t.head ? c.head_activation_bytes(b) : 0) -
@@ -211,12 +211,14 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   const double pipe = sum_e + 2 * sum_c + (m - 1) * period;
   // Stage i finishes its last backward before the drain reaches the stages in front of it; then its gradient
   // all-reduce and optimizer step run.
-  double ahead = 0, step = 0;
+  double ahead = 0;
+  std::vector<double> finish;
   for (int i = 0; i < p; ++i) {
     const StagePlan& st = plan.stages[static_cast<size_t>(i)];
-    step = std::max(step, pipe - ahead + st.dp_allreduce_s + st.optimizer_s);
+    finish.push_back(pipe - ahead);
     ahead += st.backward_s + st.send_s;
   }
+  const double step = end_of_step(plan, finish).step_s;
   plan.step_s = step;
   plan.tokens_per_s = static_cast<double>(c.train().global_batch) * s.seq_len / step;
   double peak = 0;

@@ -122,14 +122,17 @@ SimResult simulate(const Plan& plan, const SimOptions& options) {
       if (t > 0) trace(cat(a.stage, "SEND_B", j), "link", 1, a.stage - 1, start, t);
     }
   }
-  // Each stage reduces its gradients and steps its optimizer once its last backward is done.
+  // Each stage reduces its gradients once its last backward is done, then the tied embedding's, then the
+  // optimizer steps after the global norm (plan.h, end_of_step).
+  const StepEnd end = end_of_step(plan, std::vector<double>(rank_free.begin(), rank_free.begin() + p));
+  result.step_s = end.step_s;
   for (int r = 0; r < p; ++r) {
     const StagePlan& s = plan.stages[static_cast<size_t>(r)];
-    const double finish = rank_free[static_cast<size_t>(r)];
-    result.pipeline_s = std::max(result.pipeline_s, finish);
-    if (s.dp_allreduce_s > 0) trace(cat(r, "REDUCE_GRAD"), "dp", 0, r, finish, s.dp_allreduce_s);
-    trace(cat(r, "OPTIM"), "optimizer", 0, r, finish + s.dp_allreduce_s, s.optimizer_s);
-    result.step_s = std::max(result.step_s, finish + s.dp_allreduce_s + s.optimizer_s);
+    const size_t i = static_cast<size_t>(r);
+    result.pipeline_s = std::max(result.pipeline_s, rank_free[i]);
+    if (s.dp_allreduce_s > 0) trace(cat(r, "REDUCE_GRAD"), "dp", 0, r, end.reduce_start[i], s.dp_allreduce_s);
+    if (end.tied_start[i] >= 0) trace(cat(r, "REDUCE_TIED"), "dp", 0, r, end.tied_start[i], s.tied_allreduce_s);
+    trace(cat(r, "OPTIM"), "optimizer", 0, r, end.optim_start[i], s.optimizer_s);
     // Memory: state, plus the activations of the micro-batches in flight at the peak (per chunk when
     // interleaved), plus what the plan counts beyond them (the head's logits).
     const double fixed = s.memory_bytes - s.state_bytes - s.in_flight * s.activation_bytes;

@@ -1,0 +1,64 @@
+// What `h2 train --cluster` derives from its inputs before any rank starts: the emulated chips a cluster becomes
+// on this host, and whether the runtime can run a plan.
+#include "pipeline/hetero_train.h"
+
+#include "test_util.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::error_of;
+
+Cluster two_types(int fast, int slow) {
+  return load_cluster(ConfigNode::parse_string(
+      cat("name: t\nchips:\n"
+          "  - {name: fast, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 0.25, memory_bandwidth_gbps: 8}\n"
+          "  - {name: slow, peak_tflops: 0.1, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 4}\n"
+          "groups:\n"
+          "  - {chip: fast, nodes: 1, chips_per_node: ",
+          fast,
+          ", intra_node_gbps: 5, nic_gbps: 5}\n"
+          "  - {chip: slow, nodes: 1, chips_per_node: ",
+          slow,
+          ", intra_node_gbps: 5, nic_gbps: 5}\n"
+          "links:\n  - {between: [fast, slow], bandwidth_gbps: 5, latency_us: 20}\n"),
+      "cluster.yaml"));
+}
+
+TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
+  // Enough cores: the fastest type runs at the host's speed.
+  EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "fast", 8).speed, 1.0);
+  EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "slow", 8).speed, 0.5);
+  // Two cores for 2 x 1.0 + 2 x 0.5 busy cores: all slowed by 0.9 x 2 / 3, the ratio kept.
+  EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "fast", 2).speed, 0.6);
+  EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "slow", 2).speed, 0.3);
+  EXPECT_EQ(emu_profile_of(two_types(2, 2), "slow", 2).mem_capacity_bytes, size_t{1} << 30);
+  EXPECT_THAT(error_of([] { emu_profile_of(two_types(1, 1), "tpu", 2); }, ErrorCode::kNotFound),
+              HasSubstr("chip type 'tpu' is not in cluster t"));
+}
+
+TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
+  const GptConfig model{.n_layer = 4, .n_head = 2, .n_embd = 32, .vocab_size = 64, .seq_len = 16};
+  Plan plan;
+  plan.global_batch = 8;
+  plan.num_micro_batches = 2;
+  plan.stages = {StagePlan{.chip = "fast", .tp = 2, .dp = 1, .first_layer = 0, .layers = 1, .embedding = true},
+                 StagePlan{.chip = "slow", .tp = 1, .dp = 4, .first_layer = 1, .layers = 3, .head = true}};
+  check_plan_runs(plan, model);  // 4 sequences per micro-batch: DP 4 takes one each
+  EXPECT_EQ(stage_layout_of(plan).world_size(), 6);
+  plan.stages[1].dp = 3;
+  EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
+              HasSubstr("stage 1 (slow): dp 3 does not divide a micro-batch of 4 sequences"));
+  plan.stages[1].dp = 2;
+  plan.stages[1].layers = 2;
+  EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
+              HasSubstr("the stages hold 3 blocks; the model has 4"));
+  plan.stages[1].layers = 3;
+  plan.stages[0].embedding = false;
+  EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
+              HasSubstr("stage 0 (fast): only the first stage may hold the embedding"));
+}
+
+}  // namespace
+}  // namespace h2
