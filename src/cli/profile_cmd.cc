@@ -51,7 +51,10 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   Communicator& world = *job->world;
   omp_set_num_threads(threads_per_rank(cluster));
   world.barrier();
-  const ChipMeasurement m = measure_chip(cluster, chips[static_cast<size_t>(world.rank())], shape, micro_batch);
+  // Every rank measures for the same few seconds at least, so the host stays as loaded as in training until the
+  // slowest chip's rounds are done.
+  const ChipMeasurement m =
+      measure_chip(cluster, chips[static_cast<size_t>(world.rank())], shape, micro_batch, /*min_seconds=*/8.0);
   world.barrier();
   const LinkMeasurement link = measure_link(world);
   const float mine[3] = {static_cast<float>(m.layer_s), static_cast<float>(m.head_s),

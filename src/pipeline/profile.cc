@@ -23,7 +23,7 @@ double achieved_flops_per_second(const TransformerShape& shape, int micro_batch,
 }
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
-                             int micro_batch) {
+                             int micro_batch, double min_seconds) {
   EmuProfile profile = emu_profile_of(cluster, chip);
   profile.mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
   auto device = create_device(DeviceSpec{.backend = "emu", .index = 0, .emu = profile});
@@ -44,26 +44,10 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   copy_from_host(targets, ids.data());
 
   ChipMeasurement m{.chip = chip, .speed = profile.speed};
-  {
-    Gpt block(config, *device, GptRange{false, 0, 1, false}, B, T);
-    block.init(1);
-    m.layer_s = median_seconds(3, [&] {
-      block.forward(x);
-      block.backward(dout);
-      device->synchronize();
-    });
-  }
-  {
-    Gpt head(config, *device, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
-    head.init(1);
-    m.head_s = median_seconds(3, [&] {
-      head.forward(x);
-      head.loss(targets);
-      head.backward();
-      device->synchronize();
-    });
-  }
-  m.flops_per_second = achieved_flops_per_second(shape, B, m.layer_s, m.head_s);
+  Gpt block(config, *device, GptRange{false, 0, 1, false}, B, T);
+  block.init(1);
+  Gpt head(config, *device, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
+  head.init(1);
   // The optimizer step as the runtime takes it (pipeline/runtime.cc): the gradient's squared norm, clipping,
   // AdamW. The cost model charges it optimizer_traffic_bytes per parameter of memory traffic (f32: 40), so the
   // rate measured here is the memory bandwidth that makes that formula true on this chip.
@@ -71,13 +55,45 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   Tensor w = device->zeros(DType::kF32, {n}), mo = device->zeros(DType::kF32, {n}),
          ve = device->zeros(DType::kF32, {n}), g = device->zeros(DType::kF32, {n}),
          norm = device->zeros(DType::kF32, {1});
-  const double step_s = median_seconds(3, [&] {
-    ops::global_norm_squared(norm, g);
-    ops::scale(g, 0.5f);
-    ops::adamw_update(w, mo, ve, g, AdamwParams{});
+  const auto timed = [&](const std::function<void()>& fn) {
+    const double t0 = monotonic_seconds();
+    fn();
     device->synchronize();
-  });
-  m.optimizer_gbps = CostConstants::f32().optimizer_traffic_bytes * static_cast<double>(n) / step_s / 1e9;
+    return monotonic_seconds() - t0;
+  };
+  // Rounds of block, head and optimizer until both kRounds are done and min_seconds have passed (the first
+  // round warms up); the medians are the measurements.
+  constexpr int kRounds = 5;
+  std::vector<double> layer, head_s, optim;
+  const double start = monotonic_seconds();
+  for (int round = 0; round <= kRounds || monotonic_seconds() - start < min_seconds; ++round) {
+    const double l = timed([&] {
+      block.forward(x);
+      block.backward(dout);
+    });
+    const double h = timed([&] {
+      head.forward(x);
+      head.loss(targets);
+      head.backward();
+    });
+    const double o = timed([&] {
+      ops::global_norm_squared(norm, g);
+      ops::scale(g, 0.5f);
+      ops::adamw_update(w, mo, ve, g, AdamwParams{});
+    });
+    if (round == 0) continue;
+    layer.push_back(l);
+    head_s.push_back(h);
+    optim.push_back(o);
+  }
+  const auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  m.layer_s = median(layer);
+  m.head_s = median(head_s);
+  m.flops_per_second = achieved_flops_per_second(shape, B, m.layer_s, m.head_s);
+  m.optimizer_gbps = CostConstants::f32().optimizer_traffic_bytes * static_cast<double>(n) / median(optim) / 1e9;
   return m;
 }
 

@@ -39,8 +39,10 @@ struct LinkMeasurement {
 // when a block takes layer_s and the head head_s per micro-batch.
 double achieved_flops_per_second(const TransformerShape& shape, int micro_batch, double layer_s, double head_s);
 
+// Medians over rounds of all three measurements, repeated for at least `min_seconds` (so that ranks measuring
+// at once keep loading the host until all are done) and at least 5 rounds.
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
-                             int micro_batch);
+                             int micro_batch, double min_seconds = 0);
 // A collective over `world`; every rank gets the result.
 LinkMeasurement measure_link(Communicator& world);
 
