@@ -45,6 +45,9 @@ void check_dtype(DType dtype, const char* op) {
 // Block i of n over `count` elements starts here; block n ends at count.
 size_t block(size_t count, int n, int i) { return count * static_cast<size_t>(i) / static_cast<size_t>(n); }
 
+// Blocks are exchanged in messages of this size, each reduced as soon as it arrives (still in cache).
+constexpr size_t kChunkBytes = size_t{256} << 10;
+
 // Ring reduce-scatter (Patarasuk & Yuan 2009): in n - 1 steps each rank passes a block to its right neighbour
 // and adds the block arriving from its left. Afterwards rank r holds the whole sum of block (r + 1) mod n.
 void ring_reduce_scatter(Communicator& c, float* v, size_t count, ReduceOp op, const char* name) {
@@ -54,8 +57,9 @@ void ring_reduce_scatter(Communicator& c, float* v, size_t count, ReduceOp op, c
     const int sb = (r - s + n) % n, rb = (r - s - 1 + n) % n;
     const size_t s0 = block(count, n, sb), s1 = block(count, n, sb + 1);
     const size_t r0 = block(count, n, rb), r1 = block(count, n, rb + 1);
-    c.send_recv(v + s0, (s1 - s0) * 4, (r + 1) % n, incoming, (r1 - r0) * 4, (r - 1 + n) % n, name, s);
-    reduce_into(v + r0, incoming, r1 - r0, op);
+    c.send_recv_chunked(
+        v + s0, (s1 - s0) * 4, (r + 1) % n, incoming, (r1 - r0) * 4, (r - 1 + n) % n, kChunkBytes, name, s,
+        [&](size_t at, size_t bytes) { reduce_into(v + r0 + at / 4, incoming + at / 4, bytes / 4, op); });
   }
 }
 
@@ -67,6 +71,36 @@ void ring_all_gather(Communicator& c, float* v, size_t count, const char* name, 
     const size_t s0 = block(count, n, sb), s1 = block(count, n, sb + 1);
     const size_t r0 = block(count, n, rb), r1 = block(count, n, rb + 1);
     c.send_recv(v + s0, (s1 - s0) * 4, (r + 1) % n, v + r0, (r1 - r0) * 4, (r - 1 + n) % n, name, step0 + s);
+  }
+}
+
+// Recursive halving then doubling (Rabenseifner; Thakur, Rabenseifner & Gropp 2005), for a power-of-two number
+// of ranks: the ring's bytes in 2 log2(n) steps instead of 2 (n - 1). In step k of the halving, rank r swaps half
+// of the blocks it still reduces with rank r ^ (n / 2^(k+1)) and keeps the half its bit selects, ending with the
+// sum of block r; the doubling gathers the blocks back in the reverse order.
+void halving_doubling_all_reduce(Communicator& c, float* v, size_t count, ReduceOp op) {
+  const int n = c.size(), r = c.rank();
+  float* incoming = c.scratch(1, count / 2 + 1);
+  int b0 = 0, b1 = n, step = 0;
+  for (int mask = n / 2; mask >= 1; mask /= 2, ++step) {
+    const int mid = (b0 + b1) / 2, peer = r ^ mask;
+    const bool low = (r & mask) == 0;
+    const size_t keep0 = block(count, n, low ? b0 : mid), keep1 = block(count, n, low ? mid : b1);
+    const size_t send0 = block(count, n, low ? mid : b0), send1 = block(count, n, low ? b1 : mid);
+    c.send_recv_chunked(
+        v + send0, (send1 - send0) * 4, peer, incoming, (keep1 - keep0) * 4, peer, kChunkBytes, "all_reduce", step,
+        [&](size_t at, size_t bytes) { reduce_into(v + keep0 + at / 4, incoming + at / 4, bytes / 4, op); });
+    (low ? b1 : b0) = mid;
+  }
+  for (int mask = 1; mask < n; mask *= 2, ++step) {
+    const int peer = r ^ mask, width = b1 - b0;
+    const bool low = (r & mask) == 0;
+    const int p0 = low ? b1 : b0 - width, p1 = p0 + width;  // the partner's blocks, beside this rank's
+    const size_t mine0 = block(count, n, b0), mine1 = block(count, n, b1);
+    const size_t its0 = block(count, n, p0), its1 = block(count, n, p1);
+    c.send_recv(v + mine0, (mine1 - mine0) * 4, peer, v + its0, (its1 - its0) * 4, peer, "all_reduce", step);
+    b0 = std::min(b0, p0);
+    b1 = std::max(b1, p1);
   }
 }
 
@@ -121,6 +155,9 @@ void Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op
       cross_->all_reduce(v + b0, b1 - b0, DType::kF32, sum_or_max);
       local_->next_sequence();
       ring_all_gather(*local_, v, count, "all_reduce(local)", l);
+    } else if (size() > 2 && (size() & (size() - 1)) == 0) {
+      last_algorithm_ = "halving-doubling";
+      halving_doubling_all_reduce(*this, v, count, sum_or_max);
     } else {
       last_algorithm_ = "ring";
       ring_reduce_scatter(*this, v, count, sum_or_max, "all_reduce");

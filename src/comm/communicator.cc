@@ -57,10 +57,37 @@ void Communicator::recv(void* data, size_t bytes, int peer, const char* op, int 
 
 void Communicator::send_recv(const void* send_data, size_t send_bytes, int to, void* recv_data, size_t recv_bytes,
                              int from, const char* op, int step) {
-  auto s = transport_->isend(members_[static_cast<size_t>(to)], tag(sequence_, step), send_data, send_bytes);
+  // The receive first: a message that arrives before its receive is posted is buffered and copied once more.
   auto r = transport_->irecv(members_[static_cast<size_t>(from)], tag(sequence_, step), recv_data, recv_bytes);
+  auto s = transport_->isend(members_[static_cast<size_t>(to)], tag(sequence_, step), send_data, send_bytes);
   wait(*r, op, from, step);
   wait(*s, op, to, step);
+}
+
+void Communicator::send_recv_chunked(const void* send_data, size_t send_bytes, int to, void* recv_data,
+                                     size_t recv_bytes, int from, size_t chunk, const char* op, int step,
+                                     const std::function<void(size_t, size_t)>& arrived) {
+  // One tag for all chunks: messages from one sender with one tag are matched in the order they were sent.
+  // Blocks of a few chunks go whole: there the per-message cost outweighs the cache.
+  if (std::max(send_bytes, recv_bytes) < 4 * chunk) chunk = std::max<size_t>(1, std::max(send_bytes, recv_bytes));
+  const uint64_t t = tag(sequence_, step);
+  std::vector<std::unique_ptr<Request>> receives, sends;
+  for (size_t at = 0; at < recv_bytes || (at == 0 && recv_bytes == 0); at += chunk) {
+    receives.push_back(transport_->irecv(members_[static_cast<size_t>(from)], t, static_cast<char*>(recv_data) + at,
+                                         std::min(chunk, recv_bytes - at)));
+    if (recv_bytes == 0) break;
+  }
+  for (size_t at = 0; at < send_bytes || (at == 0 && send_bytes == 0); at += chunk) {
+    sends.push_back(transport_->isend(members_[static_cast<size_t>(to)], t, static_cast<const char*>(send_data) + at,
+                                      std::min(chunk, send_bytes - at)));
+    if (send_bytes == 0) break;
+  }
+  for (size_t i = 0; i < receives.size(); ++i) {
+    wait(*receives[i], op, from, step);
+    const size_t at = i * chunk;
+    if (at < recv_bytes) arrived(at, std::min(chunk, recv_bytes - at));
+  }
+  for (auto& s : sends) wait(*s, op, to, step);
 }
 
 std::unique_ptr<Request> Communicator::isend(const void* data, size_t bytes, int peer, uint32_t tag) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,7 +64,8 @@ class Communicator {
   void set_hosts(const std::string& host);
   bool hierarchical() const { return local_ != nullptr; }
 
-  // The algorithm the last all_reduce used ("ring", "tree", "hierarchical", "none"), for benchmarks and tests.
+  // The algorithm the last all_reduce used ("ring", "halving-doubling", "tree", "hierarchical", "none"), for
+  // benchmarks and tests.
   const char* last_algorithm() const { return last_algorithm_; }
   // Times a persistent work buffer had to grow: once per new largest size, then never (tests check reuse).
   int64_t buffer_growths() const { return buffer_growths_; }
@@ -71,6 +73,11 @@ class Communicator {
   // --- for algorithms: a blocking step with this communicator's timeout and a named operation ---
   void send_recv(const void* send_data, size_t send_bytes, int to, void* recv_data, size_t recv_bytes, int from,
                  const char* op, int step);
+  // The same exchange in messages of at most `chunk` bytes (both sides must use the same chunk; exchanges under
+  // 4 chunks go whole), every receive posted at once; `arrived(offset, bytes)` runs for each received chunk as
+  // soon as it is in, in order, so its bytes are used while still in cache.
+  void send_recv_chunked(const void* send_data, size_t send_bytes, int to, void* recv_data, size_t recv_bytes, int from,
+                         size_t chunk, const char* op, int step, const std::function<void(size_t, size_t)>& arrived);
   void send(const void* data, size_t bytes, int peer, const char* op, int step);
   void recv(void* data, size_t bytes, int peer, const char* op, int step);
   uint64_t next_sequence() { return ++sequence_; }

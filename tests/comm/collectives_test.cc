@@ -66,6 +66,23 @@ TEST(Collectives, AllReduceSumAvgMaxF32AndBf16) {
   }
 }
 
+// Blocks of 1 MiB and more travel in 256 KiB messages, each reduced as it arrives: odd sizes, every algorithm.
+TEST(Collectives, LargeAllReducesInChunksAreExact) {
+  const size_t count = (size_t{3} << 20) + 5;
+  for (int n : {2, 3, 4}) {
+    const auto errors = run_ranks(n, [&](Communicator& c) {
+      std::vector<float> sum(count);
+      for (size_t i = 0; i < count; ++i) sum[i] = value(c.rank(), i);
+      c.all_reduce(sum.data(), count, DType::kF32, ReduceOp::kSum);
+      const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(sum[i], ranks_sum * static_cast<float>(i % 7 + 1)) << "n=" << n << " i=" << i;
+      }
+    });
+    for (const std::string& e : errors) ASSERT_EQ(e, "") << "n=" << n;
+  }
+}
+
 TEST(Collectives, ReduceScatterAllGatherBroadcastBarrier) {
   for (int n = 1; n <= 8; ++n) {
     for (size_t count : kCounts) {
@@ -111,14 +128,18 @@ TEST(Collectives, SplitFormsIndependentGroups) {
   for (const std::string& e : errors) EXPECT_EQ(e, "");
 }
 
-TEST(Collectives, ChoosesTheAlgorithmBySize) {
-  run_ranks(4, [](Communicator& c) {
-    std::vector<float> small(16, 1), large(1 << 15, 1);
-    c.all_reduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum);
-    EXPECT_STREQ(c.last_algorithm(), "tree");
-    c.all_reduce(large.data(), large.size(), DType::kF32, ReduceOp::kSum);
-    EXPECT_STREQ(c.last_algorithm(), "ring");
-  });
+TEST(Collectives, ChoosesTheAlgorithmBySizeAndRanks) {
+  // Large: recursive halving-doubling for a power of two above 2 ranks, else the ring.
+  for (const auto& [n, large_algorithm] : {std::pair{4, "halving-doubling"}, {2, "ring"}, {3, "ring"}}) {
+    run_ranks(n, [large = large_algorithm](Communicator& c) {
+      std::vector<float> small(16, 1), large_data(1 << 15, 1);
+      c.all_reduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum);
+      EXPECT_STREQ(c.last_algorithm(), "tree");
+      c.all_reduce(large_data.data(), large_data.size(), DType::kF32, ReduceOp::kSum);
+      EXPECT_STREQ(c.last_algorithm(), large);
+      EXPECT_EQ(large_data[12345], static_cast<float>(c.size()));
+    });
+  }
 }
 
 TEST(Collectives, AMissingRankTimesOutNamingIt) {

@@ -1,6 +1,6 @@
 // One rank of a multi-process DiComm test (tests/comm/process_test.cc and tests/comm/two_hosts.sh start it):
 // joins the job from the environment (H2_RANK, ... as h2 launch sets them) and runs one scenario.
-//   comm_worker collectives  every collective, counts 0, 1, odd, 1 MiB, exact values; then tagged p2p; prints
+//   comm_worker collectives  every collective, counts 0, 1, odd, 1 MiB, 4 MiB + 12 B, exact values; then tagged p2p; prints
 //                            "ok" and the algorithm of the large all-reduce. With H2_HOST_ID set, hierarchical.
 //   comm_worker kill         all-reduces in a loop; rank 1 kills itself in the third. The others must fail with
 //                            an error naming rank 1: exit 3 when they do, 4 when the error names no rank 1.
@@ -34,7 +34,7 @@ int collectives(h2::Job& job) {
   const int n = c.size();
   const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
   std::string large_algorithm;
-  for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{1} << 18}) {
+  for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{1} << 18, (size_t{1} << 20) + 3}) {
     std::vector<float> sum(count), avg(count), max(count);
     std::vector<h2::bf16_t> half(count);
     for (size_t i = 0; i < count; ++i) {

@@ -56,6 +56,12 @@ class UcxTransport final : public Transport {
     }
     ucp_config_t* config = nullptr;
     check(ucp_config_read(nullptr, nullptr, &config), "reading the UCX configuration (UCX_* variables)");
+    // Endpoints ask for peer error handling (below), which UCX grants only over transports that report a peer's
+    // failure: without this, shared memory is left out and every message between ranks of one host goes over
+    // TCP loopback (4x slower all-reduces, measured). UCX_MM_ERROR_HANDLING set by the user still wins.
+    if (std::getenv("UCX_MM_ERROR_HANDLING") == nullptr) {
+      check(ucp_config_modify(config, "MM_ERROR_HANDLING", "y"), "enabling UCX shared memory with error handling");
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
@@ -137,12 +143,20 @@ class UcxTransport final : public Transport {
 
   ucp_worker_h worker() const { return worker_; }
 
-  // Progresses the worker; when nothing happens for options.spin, arms it and sleeps on its event descriptor for
-  // at most `most`. While spinning, the thread yields between progress calls, so ranks that outnumber the cores
-  // share them instead of burning each other's time slices.
+  // Progresses the worker; when nothing has happened for options.spin (since the wait began or anything last
+  // progressed), arms it and sleeps on its event descriptor for at most `most`, never more than a millisecond.
+  // Spinning as long as things move matters: not every reason to progress raises an event (a sender whose large
+  // eager message waits for room in the receiver's shared-memory FIFO gets none), and sleeping whenever one
+  // progress call found nothing ran 16 MiB all-reduces on 4 ranks at a tenth of 2 ranks' bandwidth. While
+  // spinning, the thread yields between progress calls, so ranks that outnumber the cores share them instead of
+  // burning each other's time slices; a wait on which nothing moves still sleeps after options.spin.
   void progress_or_sleep(std::chrono::steady_clock::time_point idle_since, std::chrono::milliseconds most) {
-    if (ucp_worker_progress(worker_) != 0) return;
-    if (std::chrono::steady_clock::now() - idle_since < options_.spin) {
+    const auto now = std::chrono::steady_clock::now();
+    if (ucp_worker_progress(worker_) != 0) {
+      last_progress_ = now;
+      return;
+    }
+    if (now - std::max(idle_since, last_progress_) < options_.spin) {
       sched_yield();
       return;
     }
@@ -150,7 +164,7 @@ class UcxTransport final : public Transport {
     if (armed == UCS_ERR_BUSY) return;  // events arrived meanwhile: progress again
     check(armed, "ucp_worker_arm");
     pollfd p{efd_, POLLIN, 0};
-    ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, most.count())));
+    ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(most.count(), 0, 1)));
   }
 
   // Which ranks the store has seen die; asked at most every liveness_interval.
@@ -219,6 +233,7 @@ class UcxTransport final : public Transport {
   std::map<int, ucp_ep_h> endpoints_;
   char dummy_ = 0;  // the buffer of zero-byte messages
   std::chrono::steady_clock::time_point next_liveness_check_{};
+  std::chrono::steady_clock::time_point last_progress_{};
 };
 
 UcxRequest::~UcxRequest() {
