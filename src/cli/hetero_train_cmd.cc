@@ -110,12 +110,37 @@ void print_baselines(const CostModel& costs, const Plan& plan, const Cluster& cl
 
 int run_hetero_train(const HeteroTrainCmd& cmd) {
   Inputs in = load(cmd);
-  if (cmd.as_rank) {
+  const JobEnv env = job_env();
+  // Started by mpirun or srun (across hosts): this process is one rank of a plan every rank must load from the
+  // same file; rank 0 merges the traces afterwards.
+  const bool external = !cmd.as_rank && (env.source == "mpirun" || env.source == "srun");
+  if (cmd.as_rank || external) {
+    if (cmd.plan.empty()) {
+      throw Error(ErrorCode::kConfig,
+                  cat("h2 train --cluster under ", env.source,
+                      " needs --plan: every rank must run the same plan (write one with h2 plan ... --out "
+                      "plan.json, or take the plan.json of an earlier h2 train --cluster)"));
+    }
     in.run.plan = load_plan(cmd.plan);
+    check_plan_runs(in.run.plan, in.run.config.model);
+    const int ranks = stage_layout_of(in.run.plan).world_size();
+    if (external && env.world_size != ranks) {
+      throw Error(ErrorCode::kConfig, cat(cmd.plan, " needs ", ranks, " ranks (one per device); ", env.source,
+                                          " started ", env.world_size));
+    }
     std::signal(SIGINT, request_stop);
     std::signal(SIGTERM, request_stop);
-    auto job = join_job(job_env());
+    auto job = join_job(env);
+    if (external && env.rank == 0) {
+      fs::create_directories(in.run.config.out_dir);
+      save_plan(in.run.plan, (fs::path(in.run.config.out_dir) / "plan.json").string());
+    }
     const RankOutcome r = run_rank(in.run, *job, cmd.quiet, &g_stop);
+    if (external && env.rank == 0 && !r.interrupted) {
+      const double ratio = finish_run(in.run, ranks);
+      std::printf("done: measured step %.3f s; measured / simulated %.2f; traces in %s\n", r.step_seconds, ratio,
+                  in.run.config.out_dir.c_str());
+    }
     return r.interrupted ? 130 : 0;
   }
   fs::create_directories(in.run.config.out_dir);
