@@ -117,8 +117,7 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                     " must be positive with the sequence at most seq_len = ", config.seq_len));
   }
   const int64_t C = config.n_embd, V = config.vocab_size;
-  const int64_t NH = config.n_head / tp_.size, bt = int64_t{B} * T;  // heads, and below C/tp units, per rank
-  const int64_t Cs = C / tp_.size;
+  const int64_t Cs = C / tp_.size;  // this rank's share of the attention and (x4) the MLP units
 
   // Parameters, in Hugging Face GPT-2 order.
   std::vector<ParamSpec> specs;
@@ -177,21 +176,10 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   }
 
   // Activations for one micro-batch (model/costs.h counts the same tensors).
+  Activations first = allocate_activations();
+  swap_activations(first);
   auto f32 = [&](Shape s) { return device.empty(DType::kF32, s); };
-  if (range.embedding) encoded_ = f32({B, T, C});
-  for (int b = range.first_block; b < range.end_block; ++b) {
-    acts_.push_back({f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * Cs}), f32({B, T, Cs}), f32({B, NH, T, T}),
-                     f32({B, T, C}), f32({B, T, C}), f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * Cs}),
-                     f32({B, T, 4 * Cs}), f32({B, T, C}), f32({B, T, C})});
-  }
-  if (range.head) {
-    lnf_ = f32({B, T, C});
-    lnf_mean_ = f32({bt});
-    lnf_rstd_ = f32({bt});
-    logits_ = f32({B, T, V});
-    losses_ = f32({bt});
-    g_lnf_ = f32({B, T, C});
-  }
+  if (range.head) g_lnf_ = f32({B, T, C});
   g_a_ = f32({B, T, C});
   g_b_ = f32({B, T, C});
   if (!blocks_.empty()) {
@@ -203,6 +191,59 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
     g_fch_ = f32({B, T, 4 * Cs});
     g_fch_gelu_ = f32({B, T, 4 * Cs});
   }
+}
+
+Gpt::Activations Gpt::allocate_activations() const {
+  const int64_t B = B_, T = T_, C = config_.n_embd, V = config_.vocab_size;
+  const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = B * T;
+  auto f32 = [&](Shape s) { return device_->empty(DType::kF32, s); };
+  Activations a;
+  if (range_.embedding) a.encoded = f32({B, T, C});
+  for (int b = range_.first_block; b < range_.end_block; ++b) {
+    a.blocks.push_back({f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * Cs}), f32({B, T, Cs}), f32({B, NH, T, T}),
+                        f32({B, T, C}), f32({B, T, C}), f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * Cs}),
+                        f32({B, T, 4 * Cs}), f32({B, T, C}), f32({B, T, C})});
+  }
+  if (range_.head) {
+    a.lnf = f32({B, T, C});
+    a.lnf_mean = f32({bt});
+    a.lnf_rstd = f32({bt});
+    a.logits = f32({B, T, V});
+    a.losses = f32({bt});
+  }
+  return a;
+}
+
+void Gpt::swap_activations(Activations& a) {
+  std::swap(tokens_, a.tokens);
+  std::swap(input_, a.input);
+  std::swap(encoded_, a.encoded);
+  std::swap(acts_, a.blocks);
+  std::swap(lnf_, a.lnf);
+  std::swap(lnf_mean_, a.lnf_mean);
+  std::swap(lnf_rstd_, a.lnf_rstd);
+  std::swap(logits_, a.logits);
+  std::swap(losses_, a.losses);
+}
+
+void Gpt::set_activation_slots(int n) {
+  H2_CHECK(n >= 1) << "activation slots " << n;
+  use_slot(0);
+  parked_.resize(static_cast<size_t>(n));
+  for (int i = 1; i < n; ++i) {
+    if (parked_[static_cast<size_t>(i)].blocks.empty() && !parked_[static_cast<size_t>(i)].lnf.defined() &&
+        !parked_[static_cast<size_t>(i)].encoded.defined()) {
+      parked_[static_cast<size_t>(i)] = allocate_activations();
+    }
+  }
+}
+
+void Gpt::use_slot(int i) {
+  if (i == slot_) return;
+  H2_CHECK(i >= 0 && static_cast<size_t>(i) < parked_.size()) << "activation slot " << i;
+  swap_activations(parked_[static_cast<size_t>(slot_)]);  // park the current slot's tensors
+  swap_activations(parked_[static_cast<size_t>(i)]);      // and take slot i's
+  slot_ = i;
 }
 
 void Gpt::init(uint64_t seed) {

@@ -23,6 +23,7 @@
 // Deliberately not here: dropout, KV caching for generation, mixed precision, a vocabulary-parallel head.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -123,6 +124,13 @@ class Gpt {
   // gradient comes from loss(). Parameter gradients accumulate; without the embedding, dinput() is set.
   void backward(const Tensor& dout = Tensor());
 
+  // Activations for `n` micro-batches instead of one (slot 0 is the one allocated with the model): a pipeline
+  // stage that keeps several micro-batches' activations for their backward passes instead of recomputing them.
+  // use_slot(i) makes slot i the one forward() fills and backward() reads; switching moves no data.
+  void set_activation_slots(int n);
+  void use_slot(int i);
+  int activation_slots() const { return std::max<int>(1, static_cast<int>(parked_.size())); }
+
   const Tensor& output() const;  // (B,T,C), without the head
   const Tensor& logits() const;  // (B,T,V), with the head, after forward() and before loss()
   const Tensor& dinput() const;  // (B,T,C), without the embedding, after backward()
@@ -134,6 +142,14 @@ class Gpt {
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, res3;
   };
+  // One micro-batch's activations; the current slot's live in the members below, the others are parked.
+  struct Activations {
+    Tensor tokens, input, encoded;
+    std::vector<BlockActs> blocks;
+    Tensor lnf, lnf_mean, lnf_rstd, logits, losses;
+  };
+  Activations allocate_activations() const;
+  void swap_activations(Activations& a);
   Tensor grad_of(const Tensor& value) const;
   void block_forward(int b, const Tensor& x);
   void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);
@@ -151,6 +167,8 @@ class Gpt {
   Tensor tokens_, input_, encoded_;
   std::vector<BlockActs> acts_;
   Tensor lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  std::vector<Activations> parked_;  // with more than one slot: every slot's, the current one's empty
+  int slot_ = 0;
   // Gradient scratch, reused by every block.
   Tensor g_a_, g_b_, g_ln_, g_tmp_, g_res2_, g_atty_, g_qkv_, g_fch_, g_fch_gelu_, g_lnf_;
 };

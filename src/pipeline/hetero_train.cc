@@ -112,6 +112,10 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
   StageRunner runner(c.model, *device, range, layout, comms, rows, T,
                      OptimOptions{.grad_clip = c.grad_clip, .zero1 = run.zero1});
   runner.model().init(c.seed);
+  // The plan's recomputation: a stage planned without it keeps the activations of the micro-batches 1F1B has in
+  // flight there; with selective or full recomputation it keeps one and recomputes the others (the runtime
+  // cannot drop only the attention scores, so selective is run as full).
+  if (sp.recompute == Recompute::kNone) runner.keep_activations(std::max(1, sp.in_flight));
   // The first and last stages read each step's whole batch and take their micro-batch's and replica's rows, so
   // the data a step trains on does not depend on the plan (a run may resume under another one).
   std::unique_ptr<TokenLoader> loader;

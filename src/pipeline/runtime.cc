@@ -129,7 +129,7 @@ StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range
   const int64_t n = model_->num_params();
   const int64_t shard = options_.zero1 ? (n + shape.dp - 1) / shape.dp : n;
   optimizer_ = OptimizerState{device.zeros(DType::kF32, {shard}), device.zeros(DType::kF32, {shard})};
-  tokens_ = device.empty(DType::kI32, {B_, T});
+  tokens_.push_back(device.empty(DType::kI32, {B_, T}));
   targets_ = device.empty(DType::kI32, {B_, T});
   if (!last_) dout_ = device.empty(DType::kF32, {B_, T, config.n_embd});
   norm_acc_ = device.zeros(DType::kF32, {1});
@@ -139,20 +139,31 @@ void StageRunner::load_input(int m, const Batch& batch) {
   if (!first_ && !last_) return;
   std::vector<int32_t> tokens, targets;
   batch(m, place_.replica * B_, B_, tokens, targets);
-  if (first_) copy_from_host(tokens_, tokens.data());
+  if (first_) copy_from_host(tokens_[static_cast<size_t>(m) % tokens_.size()], tokens.data());
   if (last_) copy_from_host(targets_, targets.data());
 }
 
 float StageRunner::loss_scale() const { return 1.0f / static_cast<float>(micro_batches_ * layout_.stages.back().dp); }
 
+void StageRunner::keep_activations(int micro_batches) {
+  model_->set_activation_slots(micro_batches);
+  while (tokens_.size() < static_cast<size_t>(micro_batches)) tokens_.push_back(device_.empty(DType::kI32, {B_, T_}));
+  holds_.assign(static_cast<size_t>(micro_batches), -1);
+}
+
 void StageRunner::forward(int m, const Batch& batch) {
+  const size_t slot = static_cast<size_t>(m) % holds_.size();
+  model_->use_slot(static_cast<int>(slot));
   load_input(m, batch);
-  model_->forward(first_ ? tokens_ : stash_[static_cast<size_t>(m)]);
-  holds_ = m;
+  model_->forward(first_ ? tokens_[slot] : stash_[static_cast<size_t>(m)]);
+  holds_[slot] = m;
 }
 
 void StageRunner::backward(int m, const Batch& batch) {
-  if (holds_ != m) {  // recompute this micro-batch's activations from its stashed input
+  const size_t slot = static_cast<size_t>(m) % holds_.size();
+  model_->use_slot(static_cast<int>(slot));
+  if (holds_[slot] != m) {  // recompute this micro-batch's activations from its stashed input
+    ++recomputed_;
     forward(m, batch);
     if (last_) model_->loss(targets_, loss_scale());
   }
@@ -162,7 +173,7 @@ void StageRunner::backward(int m, const Batch& batch) {
     model_->backward(dout_);
   }
   if (!first_) copy(gout_[static_cast<size_t>(m)], model_->dinput());
-  holds_ = -1;  // backward consumed the activations
+  holds_[slot] = -1;  // backward consumed the activations
 }
 
 // Rows of a micro-batch's piece within this replica's part of it.
@@ -189,7 +200,7 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
   ensure_buffers(micro_batches_);
   model_->zero_grads();
   loss_sum_ = 0;
-  holds_ = -1;
+  std::fill(holds_.begin(), holds_.end(), -1);
   for (const Action& a : schedule.actions[static_cast<size_t>(stage)]) {
     const size_t m = static_cast<size_t>(a.micro_batch);
     const double t0 = on_action ? monotonic_seconds() : 0;
@@ -259,7 +270,9 @@ float StageRunner::evaluate(int micro_batches, const Batch& batch) {
   for (int m = 0; m < micro_batches; ++m) {
     if (!first_) receive(from_prev_, stash_[0], activation_tag(m));
     load_input(m, batch);
-    model_->forward(first_ ? tokens_ : stash_[0]);
+    const size_t slot = static_cast<size_t>(m) % holds_.size();  // where load_input put the tokens
+    model_->use_slot(static_cast<int>(slot));
+    model_->forward(first_ ? tokens_[slot] : stash_[0]);
     if (last_) {
       loss_sum += model_->loss(targets_, 0.0f);  // no gradient wanted
     } else {
@@ -267,7 +280,7 @@ float StageRunner::evaluate(int micro_batches, const Batch& batch) {
       for (const Transfer& p : to_next_) all_.send(rows_of(out_[0], p), p.to, activation_tag(m));
     }
   }
-  holds_ = -1;
+  std::fill(holds_.begin(), holds_.end(), -1);
   return share_loss(loss_sum, micro_batches);
 }
 

@@ -13,10 +13,11 @@
 // clips, and runs AdamW - the same step as single-device training. The loss gradient is scaled by
 // 1 / (micro-batches x the last stage's replicas), so these sums are the gradient of the mean loss.
 //
-// Activation memory: the model holds one micro-batch's activations. A stage stashes only each in-flight
-// micro-batch's input (rows x T x C) and, when a backward comes for a micro-batch other than the one whose
-// activations it holds, recomputes that forward first (Chen et al. 2016) - exact, since forward is
-// deterministic. 1F1B's last stage runs each backward right after its forward and never recomputes.
+// Activation memory: the model holds one micro-batch's activations (or k with keep_activations(k)). A stage
+// stashes each in-flight micro-batch's input (rows x T x C) and, when a backward comes for a micro-batch whose
+// activations it no longer holds, recomputes that forward first (Chen et al. 2016) - exact, since forward is
+// deterministic. 1F1B's last stage runs each backward right after its forward and never recomputes; a stage
+// keeping as many micro-batches as 1F1B has in flight there never does either.
 #pragma once
 
 #include <cstdint>
@@ -87,6 +88,11 @@ class StageRunner {
               int rows, int T, OptimOptions options);
   Gpt& model() { return *model_; }
   const StageLayout::Place& place() const { return place_; }
+  // Keep the activations of up to `micro_batches` micro-batches (micro-batch m in slot m mod that) instead of
+  // one: a backward then recomputes only when its slot was reused (the plan's "no recomputation" with that many
+  // in flight), at that many times the activation memory.
+  void keep_activations(int micro_batches);
+  int64_t recomputations() const { return recomputed_; }  // forwards run again for a backward, so far
 
   // Runs one training step: this rank's actions of `schedule` (lowered, with gradient reduction). Returns the
   // step's mean loss, known on every rank (broadcast from the last stage).
@@ -129,11 +135,13 @@ class StageRunner {
   OptimizerState optimizer_;
   bool first_, last_;
   int micro_batches_ = 0;
-  int holds_ = -1;  // the micro-batch whose activations the model holds
+  std::vector<int> holds_{-1};  // per activation slot: the micro-batch whose activations it holds, or -1
+  int64_t recomputed_ = 0;
   std::vector<Transfer> from_prev_, to_next_, from_next_, to_prev_;  // this rank's pieces at its boundaries
   std::vector<Tensor> stash_;       // per micro-batch: the stage's input activations (not on the first stage)
   std::vector<Tensor> out_, gout_;  // per micro-batch: activations and input gradients being sent
-  Tensor tokens_, targets_, dout_, norm_acc_;
+  std::vector<Tensor> tokens_;  // the first stage's tokens, per activation slot (the embedding's backward reads them)
+  Tensor targets_, dout_, norm_acc_;
   std::vector<std::pair<int, std::unique_ptr<Request>>> sends_;  // (rank, request) in flight this step
   double loss_sum_ = 0, grad_norm_ = 0;
 };

@@ -39,6 +39,7 @@ AdamwParams hyper(int step) { return AdamwParams{.lr = 3e-3f, .weight_decay = 0.
 
 struct Curve {
   std::vector<float> losses;
+  std::map<int, int64_t> recomputations;                  // by stage, over all steps (replica 0, TP rank 0)
   std::map<std::string, std::vector<float>> first_grads;  // by name, after step 1's reduction (no clipping)
 };
 
@@ -86,6 +87,7 @@ struct PipelineCase {
   int micro_batches = 2;
   bool gpipe = false;
   bool zero1 = false;
+  std::vector<int> keep;  // per stage: micro-batches whose activations it keeps (empty: 1 each)
 };
 
 Curve pipelined(const PipelineCase& pc, double grad_clip) {
@@ -110,6 +112,7 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
         StageRunner runner(kConfig, *device, pc.stages[static_cast<size_t>(place.stage)], layout, comms, rows, kSeq,
                            OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1});
         runner.model().init(7);
+        if (!pc.keep.empty()) runner.keep_activations(pc.keep[static_cast<size_t>(place.stage)]);
         for (int s = 0; s < kSteps; ++s) {
           const StageRunner::Batch batch = [&](int m, int first, int n, std::vector<int32_t>& tok,
                                                std::vector<int32_t>& tgt) {
@@ -133,6 +136,10 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
                       });
             }
           }
+        }
+        if (place.replica == 0 && place.t == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          run.recomputations[place.stage] = runner.recomputations();
         }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
@@ -177,6 +184,27 @@ TEST(PipelineRuntime, GPipeRecomputesAndZero1ShardsTheOptimizer) {
       ref,
       pipelined({.stages = {kFirst2, kLast2}, .backends = {"cpu", "emu"}, .shapes = {{2, 1}, {2, 1}}, .zero1 = true},
                 1.0));
+}
+
+// A stage that keeps as many micro-batches' activations as 1F1B has in flight there (3 - stage of 3) never
+// recomputes; keeping one, it recomputes every backward but the last forward's. The curve is the same.
+TEST(PipelineRuntime, StagesKeepingTheirInFlightActivationsDoNotRecompute) {
+  const Curve ref = reference(1.0);
+  PipelineCase pc{.stages = {{true, 0, 1, false}, {false, 1, 3, false}, {false, 3, 4, true}},
+                  .backends = {"cpu", "emu", "cpu"},
+                  .micro_batches = 4,
+                  .keep = {3, 2, 1}};
+  const Curve kept = pipelined(pc, 1.0);
+  expect_same_curve(ref, kept);
+  EXPECT_EQ(kept.recomputations.at(0), 0);
+  EXPECT_EQ(kept.recomputations.at(1), 0);
+  EXPECT_EQ(kept.recomputations.at(2), 0);
+  pc.keep = {1, 1, 1};
+  const Curve recomputed = pipelined(pc, 1.0);
+  expect_same_curve(ref, recomputed);
+  EXPECT_GT(recomputed.recomputations.at(0), 0);
+  EXPECT_GT(recomputed.recomputations.at(1), 0);
+  EXPECT_EQ(recomputed.recomputations.at(2), 0);  // the last stage runs each backward right after its forward
 }
 
 TEST(PipelineRuntime, TensorParallelStagesFollowTheSingleDeviceCurve) {
