@@ -229,13 +229,10 @@ void Gpt::swap_activations(Activations& a) {
 void Gpt::set_activation_slots(int n) {
   H2_CHECK(n >= 1) << "activation slots " << n;
   use_slot(0);
+  // Slot 0's tensors live in the members (its parked entry stays empty); slots added now get fresh ones.
+  const size_t had = std::max<size_t>(1, parked_.size());
   parked_.resize(static_cast<size_t>(n));
-  for (int i = 1; i < n; ++i) {
-    if (parked_[static_cast<size_t>(i)].blocks.empty() && !parked_[static_cast<size_t>(i)].lnf.defined() &&
-        !parked_[static_cast<size_t>(i)].encoded.defined()) {
-      parked_[static_cast<size_t>(i)] = allocate_activations();
-    }
-  }
+  for (size_t i = had; i < parked_.size(); ++i) parked_[i] = allocate_activations();
 }
 
 void Gpt::use_slot(int i) {

@@ -139,7 +139,7 @@ void StageRunner::load_input(int m, const Batch& batch) {
   if (!first_ && !last_) return;
   std::vector<int32_t> tokens, targets;
   batch(m, place_.replica * B_, B_, tokens, targets);
-  if (first_) copy_from_host(tokens_[static_cast<size_t>(m) % tokens_.size()], tokens.data());
+  if (first_) copy_from_host(tokens_[slot_of(m)], tokens.data());
   if (last_) copy_from_host(targets_, targets.data());
 }
 
@@ -152,7 +152,7 @@ void StageRunner::keep_activations(int micro_batches) {
 }
 
 void StageRunner::forward(int m, const Batch& batch) {
-  const size_t slot = static_cast<size_t>(m) % holds_.size();
+  const size_t slot = slot_of(m);
   model_->use_slot(static_cast<int>(slot));
   load_input(m, batch);
   model_->forward(first_ ? tokens_[slot] : stash_[static_cast<size_t>(m)]);
@@ -160,7 +160,7 @@ void StageRunner::forward(int m, const Batch& batch) {
 }
 
 void StageRunner::backward(int m, const Batch& batch) {
-  const size_t slot = static_cast<size_t>(m) % holds_.size();
+  const size_t slot = slot_of(m);
   model_->use_slot(static_cast<int>(slot));
   if (holds_[slot] != m) {  // recompute this micro-batch's activations from its stashed input
     ++recomputed_;
@@ -270,7 +270,7 @@ float StageRunner::evaluate(int micro_batches, const Batch& batch) {
   for (int m = 0; m < micro_batches; ++m) {
     if (!first_) receive(from_prev_, stash_[0], activation_tag(m));
     load_input(m, batch);
-    const size_t slot = static_cast<size_t>(m) % holds_.size();  // where load_input put the tokens
+    const size_t slot = slot_of(m);  // where load_input put the tokens
     model_->use_slot(static_cast<int>(slot));
     model_->forward(first_ ? tokens_[slot] : stash_[0]);
     if (last_) {

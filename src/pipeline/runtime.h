@@ -118,6 +118,7 @@ class StageRunner {
   void ensure_buffers(int micro_batches);
   float share_loss(double loss_sum, int micro_batches);
   float loss_scale() const;
+  size_t slot_of(int m) const { return static_cast<size_t>(m) % holds_.size(); }  // its activation slot
   Tensor rows_of(const Tensor& t, const Transfer& piece) const;
   void send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag);
   void receive(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag);
