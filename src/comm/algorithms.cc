@@ -104,6 +104,85 @@ void halving_doubling_all_reduce(Communicator& c, float* v, size_t count, Reduce
   }
 }
 
+// Waits until every peer has finished reading half `h` of this rank's shared window (their "read" signals of
+// earlier uses, which have usually long arrived).
+void settle_window(Communicator& c, SharedWindow& w, int h) {
+  auto& pending = w.pending(h);
+  for (auto& p : pending) {
+    try {
+      p.request->wait(c.options().timeout);
+    } catch (const CommError& e) {
+      throw CommError(cat("all_reduce (shared window, rank ", c.rank(), " of ", c.size(), ") waiting for job rank ",
+                          p.peer, " to finish reading this rank's window: ", e.what()));
+    }
+  }
+  pending.clear();
+}
+
+// All-reduce through the shared windows of ranks on one host, in pieces of half a window. Per piece, rank r
+// copies every block but its own into its window; once all have (signal 1), it adds the peers' copies of block r
+// to its own, tile by tile while the tile is in cache, and puts the sum in its window too; once all have
+// (signal 2), it copies each peer's summed block out of that peer's window. Every byte crosses between processes
+// once, read in place (message transports copy it into and out of a queue), and a piece needs two signals
+// whatever the number of ranks (a ring needs 2 (n - 1) steps). The signals carry the window half each rank
+// wrote; halves alternate, and a rank writes a half again only after its readers said they are done with it.
+void window_all_reduce(Communicator& c, SharedWindow& w, float* v, size_t count, ReduceOp op) {
+  const int n = c.size(), r = c.rank();
+  constexpr size_t kTile = 8192;                                // floats reduced per pass over the peers (32 KiB)
+  const size_t half = w.bytes() / 2 / sizeof(float) / 16 * 16;  // floats per half, 64-byte aligned
+  std::vector<const float*> windows(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) windows[static_cast<size_t>(p)] = reinterpret_cast<const float*>(w.peer(c.job_rank(p)));
+  std::vector<int32_t> halves(static_cast<size_t>(n));
+  std::vector<std::unique_ptr<Request>> requests;
+  // One signal to and from every peer at step `step`; `data` (an int32 or nothing) goes to all of them, theirs
+  // lands in halves[p].
+  const auto signal = [&](const int32_t* data, int step) {
+    requests.clear();
+    for (int p = 0; p < n; ++p) {
+      if (p != r)
+        requests.push_back(c.irecv_step(data ? &halves[static_cast<size_t>(p)] : nullptr, data ? 4 : 0, p, step));
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p != r) requests.push_back(c.isend_step(data, data ? 4 : 0, p, step));
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const int k = static_cast<int>(i % static_cast<size_t>(n - 1));
+      c.wait_request(*requests[i], "all_reduce (shared window)", k < r ? k : k + 1, step);
+    }
+  };
+  int step = 0;
+  for (size_t at = 0; at < count; at += half, step += 3) {
+    const size_t m = std::min(half, count - at);
+    float* x = v + at;
+    const int32_t h = w.next_half();
+    settle_window(c, w, h);
+    float* mine = reinterpret_cast<float*>(w.local()) + static_cast<size_t>(h) * half;
+    for (int b = 0; b < n; ++b) {
+      if (b != r) std::memcpy(mine + block(m, n, b), x + block(m, n, b), (block(m, n, b + 1) - block(m, n, b)) * 4);
+    }
+    signal(&h, step);
+    const auto peer_half = [&](int p) {
+      return windows[static_cast<size_t>(p)] + static_cast<size_t>(halves[static_cast<size_t>(p)]) * half;
+    };
+    const size_t b0 = block(m, n, r), b1 = block(m, n, r + 1);
+    for (size_t t = b0; t < b1; t += kTile) {
+      const size_t e = std::min(b1, t + kTile);
+      for (int p = 0; p < n; ++p) {
+        if (p != r) reduce_into(x + t, peer_half(p) + t, e - t, op);
+      }
+      std::memcpy(mine + t, x + t, (e - t) * 4);
+    }
+    signal(nullptr, step + 1);
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      std::memcpy(x + block(m, n, p), peer_half(p) + block(m, n, p), (block(m, n, p + 1) - block(m, n, p)) * 4);
+      // This rank is done with p's half; p learns it before it next writes there. Likewise p about this one's.
+      w.pending(h).push_back({c.isend_step(nullptr, 0, p, step + 2), c.job_rank(p)});
+      w.pending(h).push_back({c.irecv_step(nullptr, 0, p, step + 2), c.job_rank(p)});
+    }
+  }
+}
+
 // Binomial tree: reduce to rank 0 in ceil(log2 n) rounds, then broadcast back the same way.
 void tree_all_reduce(Communicator& c, float* v, size_t count, ReduceOp op) {
   const int n = c.size(), r = c.rank();
@@ -155,6 +234,9 @@ void Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op
       cross_->all_reduce(v + b0, b1 - b0, DType::kF32, sum_or_max);
       local_->next_sequence();
       ring_all_gather(*local_, v, count, "all_reduce(local)", l);
+    } else if (SharedWindow* w = shared_window()) {
+      last_algorithm_ = "shared-window";
+      window_all_reduce(*this, *w, v, count, sum_or_max);
     } else if (size() > 2 && (size() & (size() - 1)) == 0) {
       last_algorithm_ = "halving-doubling";
       halving_doubling_all_reduce(*this, v, count, sum_or_max);

@@ -90,6 +90,29 @@ void Communicator::send_recv_chunked(const void* send_data, size_t send_bytes, i
   for (auto& s : sends) wait(*s, op, to, step);
 }
 
+std::unique_ptr<Request> Communicator::isend_step(const void* data, size_t bytes, int peer, int step) {
+  return transport_->isend(members_[static_cast<size_t>(peer)], tag(sequence_, step), data, bytes);
+}
+
+std::unique_ptr<Request> Communicator::irecv_step(void* data, size_t bytes, int peer, int step) {
+  return transport_->irecv(members_[static_cast<size_t>(peer)], tag(sequence_, step), data, bytes);
+}
+
+SharedWindow* Communicator::shared_window() {
+  if (window_use_ == WindowUse::kUndecided) {
+    // Each member makes its own window first (so that the peers' lookups below find it), then tries to map every
+    // other member's; the group uses the windows only if every member could.
+    SharedWindow* w = transport_->window();
+    bool mapped = w != nullptr && w->local() != nullptr;
+    for (int peer = 0; mapped && peer < size(); ++peer)
+      mapped = w->peer(members_[static_cast<size_t>(peer)]) != nullptr;
+    float unmapped = mapped ? 0.0f : 1.0f;
+    all_reduce(&unmapped, 1, DType::kF32, ReduceOp::kMax);
+    window_use_ = unmapped == 0.0f ? WindowUse::kYes : WindowUse::kNo;
+  }
+  return window_use_ == WindowUse::kYes ? transport_->window() : nullptr;
+}
+
 std::unique_ptr<Request> Communicator::isend(const void* data, size_t bytes, int peer, uint32_t tag) {
   if (peer < 0 || peer >= size())
     throw Error(ErrorCode::kInvalidArgument, cat("send: peer ", peer, " is not in the group of ", size()));

@@ -2,8 +2,10 @@
 // asynchronous tagged point-to-point, and collectives built from point-to-point over any transport.
 // Every blocking wait has a timeout; its CommError names the operation and the peer it waited for.
 //
-// Algorithms (comm/algorithms.cc) see only the communicator: ring reduce-scatter + all-gather for large
-// all-reduces (bandwidth-optimal: each rank sends 2 (n-1)/n of the data), binomial-tree reduce + broadcast for
+// Algorithms (comm/algorithms.cc) see only the communicator: for large all-reduces, the transport's shared windows
+// when every rank of the group can map every other's (ranks of one host: each byte crosses once, read in place,
+// two signals per piece), else recursive halving-doubling (a power of two of ranks) or ring reduce-scatter +
+// all-gather (bandwidth-optimal: each rank sends 2 (n-1)/n of the data); binomial-tree reduce + broadcast for
 // small ones (latency: 2 log2 n steps), chosen by size. bf16 reductions accumulate in f32: the data is widened,
 // reduced and rounded once at the end.
 // Transports: comm/transport/inproc (threads) and comm/transport/ucx (processes, hosts); comm/job.h joins a job.
@@ -44,8 +46,8 @@ class Communicator {
   static constexpr uint32_t kMaxUserTag = 1u << 22;
   std::unique_ptr<Request> isend(const void* data, size_t bytes, int peer, uint32_t tag);
   std::unique_ptr<Request> irecv(void* data, size_t bytes, int peer, uint32_t tag);
-  // Waits with this communicator's timeout; the CommError names `op`, this rank and `peer`.
-  void wait_request(Request& request, const char* op, int peer) { wait(request, op, peer, 0); }
+  // Waits with this communicator's timeout; the CommError names `op`, this rank, `peer` and the step.
+  void wait_request(Request& request, const char* op, int peer, int step = 0) { wait(request, op, peer, step); }
 
   // Collectives (every rank of the group calls them in the same order). Counts are elements of `dtype`
   // (f32 or bf16). all_reduce works in place.
@@ -64,8 +66,8 @@ class Communicator {
   void set_hosts(const std::string& host);
   bool hierarchical() const { return local_ != nullptr; }
 
-  // The algorithm the last all_reduce used ("ring", "halving-doubling", "tree", "hierarchical", "none"), for
-  // benchmarks and tests.
+  // The algorithm the last all_reduce used ("shared-window", "ring", "halving-doubling", "tree", "hierarchical",
+  // "none"), for benchmarks and tests.
   const char* last_algorithm() const { return last_algorithm_; }
   // Times a persistent work buffer had to grow: once per new largest size, then never (tests check reuse).
   int64_t buffer_growths() const { return buffer_growths_; }
@@ -80,7 +82,14 @@ class Communicator {
                          size_t chunk, const char* op, int step, const std::function<void(size_t, size_t)>& arrived);
   void send(const void* data, size_t bytes, int peer, const char* op, int step);
   void recv(void* data, size_t bytes, int peer, const char* op, int step);
+  // Asynchronous steps of the current collective, for algorithms that keep several in flight.
+  std::unique_ptr<Request> isend_step(const void* data, size_t bytes, int peer, int step);
+  std::unique_ptr<Request> irecv_step(void* data, size_t bytes, int peer, int step);
   uint64_t next_sequence() { return ++sequence_; }
+  int job_rank(int peer) const { return members_[static_cast<size_t>(peer)]; }
+  // The transport's shared window when every member of this group can read every other's (ranks of one host),
+  // else nullptr. Collective on the first call, which decides it for the group; later calls only look.
+  SharedWindow* shared_window();
   // Persistent f32 work buffer `which` (0 or 1) of at least `count` elements, grown only when too small.
   float* scratch(int which, size_t count);
 
@@ -97,6 +106,7 @@ class Communicator {
   CommOptions options_;
   uint64_t sequence_ = 0;  // collective calls so far: keeps their messages apart
   const char* last_algorithm_ = "none";
+  enum class WindowUse { kUndecided, kYes, kNo } window_use_ = WindowUse::kUndecided;
   std::vector<float> scratch_[2];
   int64_t buffer_growths_ = 0;
   std::unique_ptr<Communicator> local_, cross_;  // set by set_hosts when hierarchical all-reduce applies

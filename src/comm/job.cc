@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 
 #include "comm/transport/inproc/transport.h"
 #include "comm/transport/ucx/transport.h"
@@ -17,16 +18,27 @@ Job::~Job() {
   if (server) server->wait_for_clients_to_leave(timeout);
 }
 
-std::unique_ptr<Job> join_job(const JobEnv& env, CommOptions options) {
-  if (const char* t = std::getenv("H2_COMM_TIMEOUT_MS")) {
-    char* end = nullptr;
-    const long ms = std::strtol(t, &end, 10);
-    if (end == t || *end != '\0' || ms <= 0) {
-      throw Error(ErrorCode::kConfig,
-                  cat("environment variable H2_COMM_TIMEOUT_MS='", t, "' is not a positive integer"));
-    }
-    options.timeout = std::chrono::milliseconds(ms);
+namespace {
+
+// The integer in environment variable `name`, if set; at least `least`, or a kConfig error naming it.
+std::optional<long long> integer_env(const char* name, long long least) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::nullopt;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  if (end == text || *end != '\0' || value < least) {
+    throw Error(ErrorCode::kConfig,
+                cat("environment variable ", name, "='", text, "' is not an integer of at least ", least));
   }
+  return value;
+}
+
+}  // namespace
+
+std::unique_ptr<Job> join_job(const JobEnv& env, CommOptions options) {
+  if (const auto ms = integer_env("H2_COMM_TIMEOUT_MS", 1)) options.timeout = std::chrono::milliseconds(*ms);
+  UcxOptions ucx;
+  if (const auto bytes = integer_env("H2_COMM_WINDOW_BYTES", 0)) ucx.window_bytes = static_cast<size_t>(*bytes);
   auto job = std::make_unique<Job>();
   job->env = env;
   if (const char* id = std::getenv("H2_HOST_ID")) {
@@ -42,7 +54,7 @@ std::unique_ptr<Job> join_job(const JobEnv& env, CommOptions options) {
   }
   if (env.rank == 0) job->server = std::make_unique<StoreServer>(env.master_addr, env.master_port, env.token);
   job->store = std::make_shared<StoreClient>(env.master_addr, env.master_port, env.token, options.timeout);
-  job->world = std::make_unique<Communicator>(make_ucx_transport(env.rank, env.world_size, job->store), options);
+  job->world = std::make_unique<Communicator>(make_ucx_transport(env.rank, env.world_size, job->store, ucx), options);
   return job;
 }
 

@@ -3,6 +3,7 @@
 // timeouts that name the peer, and algorithm choice by size.
 #include <functional>
 #include <thread>
+#include <tuple>
 
 #include "comm/communicator.h"
 #include "comm/tensor_comm.h"
@@ -15,9 +16,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Runs fn(comm) on `n` ranks as threads; returns each rank's error message ("" when it succeeded).
-std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& fn, CommOptions options = {}) {
-  auto transports = make_inproc_transports(n);
+// Runs fn(comm) on `n` ranks as threads, each with a shared window of `window_bytes` (0: none, so all-reduces go
+// by messages); returns each rank's error message ("" when it succeeded).
+std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& fn, CommOptions options = {},
+                                   size_t window_bytes = size_t{1} << 20) {
+  auto transports = make_inproc_transports(n, window_bytes);
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -66,19 +69,57 @@ TEST(Collectives, AllReduceSumAvgMaxF32AndBf16) {
   }
 }
 
-// Blocks of 1 MiB and more travel in 256 KiB messages, each reduced as it arrives: odd sizes, every algorithm.
+// Large all-reduces, exact at odd sizes: through shared windows of 1 MiB (pieces of 128 Ki floats), and by messages
+// (no window), where blocks of 1 MiB and more travel in 256 KiB messages, each reduced as it arrives.
 TEST(Collectives, LargeAllReducesInChunksAreExact) {
   const size_t count = (size_t{3} << 20) + 5;
-  for (int n : {2, 3, 4}) {
-    const auto errors = run_ranks(n, [&](Communicator& c) {
-      std::vector<float> sum(count);
-      for (size_t i = 0; i < count; ++i) sum[i] = value(c.rank(), i);
-      c.all_reduce(sum.data(), count, DType::kF32, ReduceOp::kSum);
-      const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
-      for (size_t i = 0; i < count; ++i) {
-        ASSERT_EQ(sum[i], ranks_sum * static_cast<float>(i % 7 + 1)) << "n=" << n << " i=" << i;
-      }
-    });
+  for (size_t window : {size_t{1} << 20, size_t{0}}) {
+    for (int n : {2, 3, 4}) {
+      const auto errors = run_ranks(
+          n,
+          [&](Communicator& c) {
+            std::vector<float> sum(count);
+            for (size_t i = 0; i < count; ++i) sum[i] = value(c.rank(), i);
+            c.all_reduce(sum.data(), count, DType::kF32, ReduceOp::kSum);
+            const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(sum[i], ranks_sum * static_cast<float>(i % 7 + 1)) << "n=" << n << " i=" << i;
+            }
+          },
+          {}, window);
+      for (const std::string& e : errors) ASSERT_EQ(e, "") << "n=" << n << " window=" << window;
+    }
+  }
+}
+
+// One window serves every communicator of a rank, in halves that alternate: overlapping groups (the world, then
+// evens or odds, then the world again) take turns, in many small pieces (a 4 KiB window: 512 floats a piece),
+// and no rank overwrites a half that a peer is still reading.
+TEST(Collectives, SharedWindowsServeOverlappingGroupsInManyPieces) {
+  const size_t count = 20011;
+  for (int n : {2, 3, 5}) {
+    const auto errors = run_ranks(
+        n,
+        [&](Communicator& c) {
+          Communicator parity = c.split(c.rank() % 2, c.rank());
+          for (int round = 0; round < 3; ++round) {
+            std::vector<float> world(count), group(count), max(count);
+            for (size_t i = 0; i < count; ++i) world[i] = group[i] = max[i] = value(c.rank(), i + round);
+            c.all_reduce(world.data(), count, DType::kF32, ReduceOp::kSum);
+            ASSERT_STREQ(c.last_algorithm(), "shared-window");
+            parity.all_reduce(group.data(), count, DType::kF32, ReduceOp::kSum);
+            c.all_reduce(max.data(), count, DType::kF32, ReduceOp::kMax);
+            float group_ranks = 0;  // sum of rank + 1 over this rank's parity group
+            for (int r = c.rank() % 2; r < n; r += 2) group_ranks += static_cast<float>(r + 1);
+            for (size_t i = 0; i < count; ++i) {
+              const float unit = static_cast<float>((i + round) % 7 + 1);
+              ASSERT_EQ(world[i], static_cast<float>(n * (n + 1) / 2) * unit) << "round " << round << " i=" << i;
+              ASSERT_EQ(group[i], group_ranks * unit) << "round " << round << " i=" << i;
+              ASSERT_EQ(max[i], static_cast<float>(n) * unit) << "round " << round << " i=" << i;
+            }
+          }
+        },
+        {}, 4096);
     for (const std::string& e : errors) ASSERT_EQ(e, "") << "n=" << n;
   }
 }
@@ -129,16 +170,25 @@ TEST(Collectives, SplitFormsIndependentGroups) {
 }
 
 TEST(Collectives, ChoosesTheAlgorithmBySizeAndRanks) {
-  // Large: recursive halving-doubling for a power of two above 2 ranks, else the ring.
-  for (const auto& [n, large_algorithm] : {std::pair{4, "halving-doubling"}, {2, "ring"}, {3, "ring"}}) {
-    run_ranks(n, [large = large_algorithm](Communicator& c) {
-      std::vector<float> small(16, 1), large_data(1 << 15, 1);
-      c.all_reduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum);
-      EXPECT_STREQ(c.last_algorithm(), "tree");
-      c.all_reduce(large_data.data(), large_data.size(), DType::kF32, ReduceOp::kSum);
-      EXPECT_STREQ(c.last_algorithm(), large);
-      EXPECT_EQ(large_data[12345], static_cast<float>(c.size()));
-    });
+  // Large: through the shared windows where ranks have them; by messages, recursive halving-doubling for a power
+  // of two above 2 ranks, else the ring. Small: the tree.
+  for (const auto& [n, window, large_algorithm] : {std::tuple{4, 0, "halving-doubling"},
+                                                   {2, 0, "ring"},
+                                                   {3, 0, "ring"},
+                                                   {2, 1 << 20, "shared-window"},
+                                                   {3, 1 << 20, "shared-window"}}) {
+    const auto errors = run_ranks(
+        n,
+        [large = large_algorithm](Communicator& c) {
+          std::vector<float> small(16, 1), large_data(1 << 15, 1);
+          c.all_reduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum);
+          EXPECT_STREQ(c.last_algorithm(), "tree");
+          c.all_reduce(large_data.data(), large_data.size(), DType::kF32, ReduceOp::kSum);
+          EXPECT_STREQ(c.last_algorithm(), large);
+          EXPECT_EQ(large_data[12345], static_cast<float>(c.size()));
+        },
+        {}, static_cast<size_t>(window));
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
   }
 }
 
@@ -186,14 +236,18 @@ TEST(PointToPoint, TaggedMessagesMatchByTag) {
 TEST(Collectives, HierarchicalOnlyWhenHostsAreManyAndEven) {
   // 6 ranks on 3 hosts of 2: hierarchical, exact sums; 3 ranks on hosts of 2 and 1: flat ring.
   for (const auto& [n, per_host, expect] : {std::tuple{6, 2, "hierarchical"}, std::tuple{3, 2, "ring"}}) {
-    const auto errors = run_ranks(n, [&, n = n, per_host = per_host, expect = expect](Communicator& c) {
-      c.set_hosts(cat("host", c.rank() / per_host));
-      std::vector<float> v(100003);
-      for (size_t i = 0; i < v.size(); ++i) v[i] = value(c.rank(), i);
-      c.all_reduce(v.data(), v.size(), DType::kF32, ReduceOp::kSum);
-      ASSERT_STREQ(c.last_algorithm(), expect);
-      for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<float>(n * (n + 1) / 2 * (i % 7 + 1)));
-    });
+    // Threads of one process could share windows whatever hosts they claim: without them, as ranks on hosts.
+    const auto errors = run_ranks(
+        n,
+        [&, n = n, per_host = per_host, expect = expect](Communicator& c) {
+          c.set_hosts(cat("host", c.rank() / per_host));
+          std::vector<float> v(100003);
+          for (size_t i = 0; i < v.size(); ++i) v[i] = value(c.rank(), i);
+          c.all_reduce(v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+          ASSERT_STREQ(c.last_algorithm(), expect);
+          for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<float>(n * (n + 1) / 2 * (i % 7 + 1)));
+        },
+        {}, 0);
     for (const std::string& e : errors) ASSERT_EQ(e, "");
   }
 }

@@ -1,7 +1,8 @@
 // One rank of a multi-process DiComm test (tests/comm/process_test.cc and tests/comm/two_hosts.sh start it):
 // joins the job from the environment (H2_RANK, ... as h2 launch sets them) and runs one scenario.
-//   comm_worker collectives  every collective, counts 0, 1, odd, 1 MiB, 4 MiB + 12 B, exact values; then tagged p2p; prints
-//                            "ok" and the algorithm of the large all-reduce. With H2_HOST_ID set, hierarchical.
+//   comm_worker collectives  every collective, counts 0, 1, odd, 1 MiB, 4 MiB + 12 B, exact values; then tagged
+//                            p2p; prints "ok" and the algorithm of the large all-reduce. With H2_HOST_ID set,
+//                            hierarchical.
 //   comm_worker kill         all-reduces in a loop; rank 1 kills itself in the third. The others must fail with
 //                            an error naming rank 1: exit 3 when they do, 4 when the error names no rank 1.
 // Exit 1 on a wrong value, with the first mismatch on stderr.

@@ -72,14 +72,20 @@ std::vector<RankResult> run_ranks(int n, const std::string& mode,
   return out;
 }
 
+// Large all-reduces go through the shared windows (the 4 MiB one in 4 pieces of the default 2 MiB window), and
+// by messages when H2_COMM_WINDOW_BYTES=0 turns the windows off.
 TEST(UcxProcesses, EveryCollectiveExactOn2To4Ranks) {
-  for (int n = 2; n <= 4; ++n) {
-    const auto results = run_ranks(n, "collectives");
-    for (int r = 0; r < n; ++r) {
-      EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << "n=" << n << " rank " << r << ":\n"
-                                                              << results[static_cast<size_t>(r)].output;
-      EXPECT_THAT(results[static_cast<size_t>(r)].output,
-                  HasSubstr(n == 4 ? "large all-reduce: halving-doubling" : "large all-reduce: ring"));
+  for (const bool window : {true, false}) {
+    for (int n = 2; n <= 4; ++n) {
+      const auto results = run_ranks(n, "collectives", [window](int) {
+        return std::map<std::string, std::string>{{"H2_COMM_WINDOW_BYTES", window ? "2097152" : "0"}};
+      });
+      const std::string expect = window ? "shared-window" : n == 4 ? "halving-doubling" : "ring";
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << "n=" << n << " rank " << r << ":\n"
+                                                                << results[static_cast<size_t>(r)].output;
+        EXPECT_THAT(results[static_cast<size_t>(r)].output, HasSubstr("large all-reduce: " + expect));
+      }
     }
   }
 }

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -33,6 +35,33 @@ class Request {
 // rank in the bits above.
 inline constexpr int kTagBits = 48;
 
+// Memory that each rank shares with the ranks of its host, so that collectives read a peer's data in place
+// instead of receiving a copy (comm/algorithms.cc, window_all_reduce). Each rank owns one window of bytes();
+// peers only read it. Optional: a transport without shared memory has none.
+class SharedWindow {
+ public:
+  virtual ~SharedWindow() = default;
+  virtual size_t bytes() const = 0;
+  virtual char* local() = 0;
+  // Rank `peer`'s window mapped into this process (waits until the peer has made it), or nullptr where it
+  // cannot be mapped (another host). Every rank that calls this has made its own window first (local()).
+  virtual const char* peer(int peer) = 0;
+
+  // Kept for the algorithms across calls and communicators (one window per rank serves all of them): the half
+  // of the window the next use writes (halves alternate, so a use never waits for the peers still reading the
+  // one before), and per half the requests that complete once each peer has finished reading it.
+  struct PendingRead {
+    std::unique_ptr<Request> request;
+    int peer;  // the transport rank
+  };
+  int next_half() { return turn_++ & 1; }
+  std::vector<PendingRead>& pending(int half) { return pending_[half]; }
+
+ private:
+  int turn_ = 0;
+  std::vector<PendingRead> pending_[2];
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -42,6 +71,8 @@ class Transport {
   // The buffer must stay valid until the request completes. A receive must post exactly the sent size.
   virtual std::unique_ptr<Request> isend(int peer, uint64_t tag, const void* data, size_t bytes) = 0;
   virtual std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
+  // This rank's shared window (made on the first call), or nullptr when the transport has none.
+  virtual SharedWindow* window() { return nullptr; }
 };
 
 }  // namespace h2

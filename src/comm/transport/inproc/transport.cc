@@ -12,8 +12,16 @@ namespace h2 {
 
 class InprocFabric {
  public:
-  explicit InprocFabric(int size) : size_(size) {}
+  InprocFabric(int size, size_t window_bytes) : size_(size), window_bytes_(window_bytes) {}
   int size() const { return size_; }
+  size_t window_bytes() const { return window_bytes_; }
+
+  // Rank r's shared window: every rank's is made on the first call (threads share all memory).
+  char* window(int r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (windows_.empty()) windows_.assign(static_cast<size_t>(size_), std::vector<char>(window_bytes_));
+    return windows_[static_cast<size_t>(r)].data();
+  }
 
   void deliver(int src, int dst, uint64_t tag, const void* data, size_t bytes) {
     std::vector<char> message(static_cast<const char*>(data), static_cast<const char*>(data) + bytes);
@@ -41,6 +49,8 @@ class InprocFabric {
 
  private:
   int size_;
+  size_t window_bytes_;
+  std::vector<std::vector<char>> windows_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::tuple<int, int, uint64_t>, std::deque<std::vector<char>>> boxes_;
@@ -87,9 +97,22 @@ class RecvRequest final : public Request {
   bool done_ = false;
 };
 
+class InprocWindow final : public SharedWindow {
+ public:
+  InprocWindow(std::shared_ptr<InprocFabric> fabric, int rank) : fabric_(std::move(fabric)), rank_(rank) {}
+  size_t bytes() const override { return fabric_->window_bytes(); }
+  char* local() override { return fabric_->window(rank_); }
+  const char* peer(int peer) override { return fabric_->window(peer); }
+
+ private:
+  std::shared_ptr<InprocFabric> fabric_;
+  int rank_;
+};
+
 class InprocTransport final : public Transport {
  public:
-  InprocTransport(std::shared_ptr<InprocFabric> fabric, int rank) : fabric_(std::move(fabric)), rank_(rank) {}
+  InprocTransport(std::shared_ptr<InprocFabric> fabric, int rank)
+      : fabric_(std::move(fabric)), rank_(rank), window_(fabric_, rank) {}
   int rank() const override { return rank_; }
   int size() const override { return fabric_->size(); }
   const char* name() const override { return "inproc"; }
@@ -102,6 +125,7 @@ class InprocTransport final : public Transport {
     check_peer(peer);
     return std::make_unique<RecvRequest>(fabric_, peer, rank_, tag, data, bytes);
   }
+  SharedWindow* window() override { return window_.bytes() > 0 ? &window_ : nullptr; }
 
  private:
   void check_peer(int peer) const {
@@ -111,12 +135,13 @@ class InprocTransport final : public Transport {
   }
   std::shared_ptr<InprocFabric> fabric_;
   int rank_;
+  InprocWindow window_;
 };
 
 }  // namespace
 
-std::vector<std::shared_ptr<Transport>> make_inproc_transports(int size) {
-  auto fabric = std::make_shared<InprocFabric>(size);
+std::vector<std::shared_ptr<Transport>> make_inproc_transports(int size, size_t window_bytes) {
+  auto fabric = std::make_shared<InprocFabric>(size, window_bytes);
   std::vector<std::shared_ptr<Transport>> out;
   for (int r = 0; r < size; ++r) out.push_back(std::make_shared<InprocTransport>(fabric, r));
   return out;

@@ -4,6 +4,7 @@
 // ranks in one process.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -13,7 +14,7 @@ namespace h2 {
 
 class InprocFabric;
 
-// One transport per rank, all joined by one fabric.
-std::vector<std::shared_ptr<Transport>> make_inproc_transports(int size);
+// One transport per rank, all joined by one fabric. Each rank has a shared window of `window_bytes` (none when 0).
+std::vector<std::shared_ptr<Transport>> make_inproc_transports(int size, size_t window_bytes = size_t{1} << 20);
 
 }  // namespace h2

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -82,6 +83,7 @@ class UcxTransport final : public Transport {
   }
 
   ~UcxTransport() override {
+    window_.reset();  // its peers' keys go before the endpoints they were unpacked with
     // Flush so that every message this rank sent has reached its peer before the endpoints go.
     ucp_request_param_t p{};
     void* flush = ucp_worker_flush_nbx(worker_, &p);
@@ -142,6 +144,12 @@ class UcxTransport final : public Transport {
   }
 
   ucp_worker_h worker() const { return worker_; }
+
+  SharedWindow* window() override {
+    if (options_.window_bytes == 0) return nullptr;
+    if (!window_) window_ = std::make_unique<Window>(*this);
+    return window_.get();
+  }
 
   // Progresses the worker; when nothing has happened for options.spin (since the wait began or anything last
   // progressed), arms it and sleeps on its event descriptor for at most `most`, never more than a millisecond.
@@ -224,6 +232,65 @@ class UcxTransport final : public Transport {
     return handle;
   }
 
+  // The shared window: memory UCX allocates where peers can map it (ucp_mem_map with UCP_MEM_MAP_ALLOCATE; on
+  // one host a System V segment), its packed key published in the store; a peer's window is the pointer
+  // ucp_rkey_ptr gives for the key unpacked on the endpoint to it, which exists only where the two share memory.
+  class Window final : public SharedWindow {
+   public:
+    explicit Window(UcxTransport& t) : t_(t) {
+      ucp_mem_map_params_t mp{};
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+      mp.address = nullptr;
+      mp.length = t.options_.window_bytes;
+      mp.flags = UCP_MEM_MAP_ALLOCATE;
+      // Without a window (UCX could not allocate one) the entry stays empty: the peers see none and their
+      // collectives take the message-based algorithms.
+      std::string entry;
+      ucp_mem_attr_t attr{};
+      attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+      void* packed = nullptr;
+      size_t length = 0;
+      if (ucp_mem_map(t.context_, &mp, &memh_) == UCS_OK && ucp_mem_query(memh_, &attr) == UCS_OK &&
+          ucp_rkey_pack(t.context_, memh_, &packed, &length) == UCS_OK) {
+        base_ = static_cast<char*>(attr.address);
+        entry.assign(reinterpret_cast<const char*>(&base_), sizeof base_);
+        entry.append(static_cast<const char*>(packed), length);
+        ucp_rkey_buffer_release(packed);
+      }
+      t.store_->set(window_key(t.rank_), entry);
+    }
+    ~Window() override {
+      for (auto& [peer, key] : keys_) ucp_rkey_destroy(key);
+      if (memh_ != nullptr) ucp_mem_unmap(t_.context_, memh_);
+    }
+    size_t bytes() const override { return t_.options_.window_bytes; }
+    char* local() override { return base_; }
+    const char* peer(int peer) override {
+      if (peer == t_.rank_) return base_;
+      auto it = mapped_.find(peer);
+      if (it != mapped_.end()) return it->second;
+      const std::string entry = t_.store_->get(window_key(peer));
+      if (entry.size() <= sizeof(char*)) return mapped_[peer] = nullptr;
+      char* remote = nullptr;
+      std::memcpy(&remote, entry.data(), sizeof remote);
+      ucp_rkey_h key = nullptr;
+      void* local = nullptr;
+      if (ucp_ep_rkey_unpack(t_.endpoint(peer), entry.data() + sizeof remote, &key) == UCS_OK) {
+        keys_[peer] = key;
+        if (ucp_rkey_ptr(key, reinterpret_cast<uint64_t>(remote), &local) != UCS_OK) local = nullptr;
+      }
+      return mapped_[peer] = static_cast<const char*>(local);
+    }
+
+   private:
+    static std::string window_key(int rank) { return cat("h2/ucx/window/", rank); }
+    UcxTransport& t_;
+    ucp_mem_h memh_ = nullptr;
+    char* base_ = nullptr;
+    std::map<int, ucp_rkey_h> keys_;
+    std::map<int, const char*> mapped_;
+  };
+
   int rank_, size_;
   std::shared_ptr<StoreClient> store_;
   UcxOptions options_;
@@ -232,6 +299,7 @@ class UcxTransport final : public Transport {
   int efd_ = -1;
   std::map<int, ucp_ep_h> endpoints_;
   char dummy_ = 0;  // the buffer of zero-byte messages
+  std::unique_ptr<Window> window_;
   std::chrono::steady_clock::time_point next_liveness_check_{};
   std::chrono::steady_clock::time_point last_progress_{};
 };
