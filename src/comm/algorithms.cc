@@ -183,6 +183,19 @@ void window_all_reduce(Communicator& c, SharedWindow& w, float* v, size_t count,
   }
 }
 
+// Recursive doubling, for small all-reduces on a power of two of ranks: in step k, rank r swaps its whole vector
+// with rank r ^ 2^k and adds, so log2(n) exchanges (the tree needs 2 log2 n messages one after the other). Every
+// rank adds the same partial sums (a + b = b + a in IEEE arithmetic), so all end bitwise equal.
+void recursive_doubling_all_reduce(Communicator& c, float* v, size_t count, ReduceOp op) {
+  float* incoming = c.scratch(1, count);
+  int step = 0;
+  for (int mask = 1; mask < c.size(); mask <<= 1, ++step) {
+    const int peer = c.rank() ^ mask;
+    c.send_recv(v, count * 4, peer, incoming, count * 4, peer, "all_reduce", step);
+    reduce_into(v, incoming, count, op);
+  }
+}
+
 // Binomial tree: reduce to rank 0 in ceil(log2 n) rounds, then broadcast back the same way.
 void tree_all_reduce(Communicator& c, float* v, size_t count, ReduceOp op) {
   const int n = c.size(), r = c.rank();
@@ -220,9 +233,10 @@ void Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op
   widen(v, data, count, dtype);
   const ReduceOp sum_or_max = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   if (size() > 1) {
+    const bool power_of_two = (size() & (size() - 1)) == 0;
     if (count * dtype_size(dtype) <= options_.small_message_bytes || count < static_cast<size_t>(size())) {
-      last_algorithm_ = "tree";
-      tree_all_reduce(*this, v, count, sum_or_max);
+      last_algorithm_ = power_of_two ? "recursive-doubling" : "tree";
+      (power_of_two ? recursive_doubling_all_reduce : tree_all_reduce)(*this, v, count, sum_or_max);
     } else if (hierarchical()) {
       // Within each host, then across hosts (one rank per host per block), then within the host again: the
       // slow inter-host links carry 2 (h-1)/h of the data once instead of every ring step crossing them.
@@ -237,7 +251,7 @@ void Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op
     } else if (SharedWindow* w = shared_window()) {
       last_algorithm_ = "shared-window";
       window_all_reduce(*this, *w, v, count, sum_or_max);
-    } else if (size() > 2 && (size() & (size() - 1)) == 0) {
+    } else if (size() > 2 && power_of_two) {
       last_algorithm_ = "halving-doubling";
       halving_doubling_all_reduce(*this, v, count, sum_or_max);
     } else {

@@ -5,10 +5,10 @@
 // Algorithms (comm/algorithms.cc) see only the communicator: for large all-reduces, the transport's shared windows
 // when every rank of the group can map every other's (ranks of one host: each byte crosses once, read in place,
 // two signals per piece), else recursive halving-doubling (a power of two of ranks) or ring reduce-scatter +
-// all-gather (bandwidth-optimal: each rank sends 2 (n-1)/n of the data); binomial-tree reduce + broadcast for
-// small ones (latency: 2 log2 n steps), chosen by size. bf16 reductions accumulate in f32: the data is widened,
-// reduced and rounded once at the end.
-// Transports: comm/transport/inproc (threads) and comm/transport/ucx (processes, hosts); comm/job.h joins a job.
+// all-gather (bandwidth-optimal: each rank sends 2 (n-1)/n of the data); for small ones, recursive doubling (log2 n
+// exchanges) on a power of two of ranks, else binomial-tree reduce + broadcast (2 log2 n steps). bf16 reductions
+// accumulate in f32: the data is widened, reduced and rounded once at the end. Transports: comm/transport/inproc
+// (threads) and comm/transport/ucx (processes, hosts); comm/job.h joins a job.
 #pragma once
 
 #include <chrono>
@@ -27,7 +27,7 @@ enum class ReduceOp { kSum, kAvg, kMax };
 
 struct CommOptions {
   std::chrono::milliseconds timeout{30000};  // every blocking wait
-  size_t small_message_bytes = 64 << 10;     // all-reduces up to this size use the tree, larger the ring
+  size_t small_message_bytes = 64 << 10;     // all-reduces up to this size go by latency, larger by bandwidth
 };
 
 class Communicator {
@@ -66,8 +66,8 @@ class Communicator {
   void set_hosts(const std::string& host);
   bool hierarchical() const { return local_ != nullptr; }
 
-  // The algorithm the last all_reduce used ("shared-window", "ring", "halving-doubling", "tree", "hierarchical",
-  // "none"), for benchmarks and tests.
+  // The algorithm the last all_reduce used ("shared-window", "ring", "halving-doubling", "recursive-doubling",
+  // "tree", "hierarchical", "none"), for benchmarks and tests.
   const char* last_algorithm() const { return last_algorithm_; }
   // Times a persistent work buffer had to grow: once per new largest size, then never (tests check reuse).
   int64_t buffer_growths() const { return buffer_growths_; }
