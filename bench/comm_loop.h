@@ -1,5 +1,6 @@
 // The measurement loop shared by DiComm's and Open MPI's sides of `h2 bench comm`, so both are timed the same
-// way: for each operation and size, warm-up calls, then `iterations` calls between two barriers; the time is
+// way: 500 small all-reduces to warm up, then for each operation and size, a tenth of `iterations` (at least 2)
+// warm-up calls, then `iterations` calls between two barriers; the time is
 // the slowest rank's average. Bandwidths follow nccl-tests (doc/PERFORMANCE.md there): algbw = bytes / time;
 // busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and reduce-scatter (bytes = the whole
 // gathered/scattered buffer), x 1 for send/recv (each rank sends `bytes` to the next and receives from the
@@ -35,12 +36,14 @@ void comm_loop(Ops& ops, const std::string& impl, FILE* out) {
       {"all_reduce", 2 * ring}, {"all_gather", ring}, {"reduce_scatter", ring}, {"send_recv", 1.0}};
   const size_t largest = comm_sizes().back();
   std::vector<float> a(largest / 4 + static_cast<size_t>(n), 1.0f), b(largest / 4 + static_cast<size_t>(n), 0.0f);
+  // The first milliseconds of a job are slow for both sides (connections finishing their set-up): warm up first.
+  for (int i = 0; i < 500; ++i) ops.run("all_reduce", a.data(), b.data(), 1024);
   for (const auto& [op, factor] : kinds) {
     for (size_t bytes : comm_sizes()) {
       const size_t total = bytes / 4;  // elements of the whole buffer
       const size_t count = op == "all_gather" || op == "reduce_scatter" ? total / static_cast<size_t>(n) : total;
       const int iterations = comm_iterations(bytes);
-      for (int i = 0; i < 2; ++i) ops.run(op, a.data(), b.data(), count);
+      for (int i = 0; i < std::max(2, iterations / 10); ++i) ops.run(op, a.data(), b.data(), count);
       ops.barrier();
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < iterations; ++i) ops.run(op, a.data(), b.data(), count);
