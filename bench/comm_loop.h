@@ -1,10 +1,10 @@
-// The measurement loop shared by DiComm's and Open MPI's sides of `h2 bench comm`, so both are timed the same
-// way: 500 small all-reduces to warm up, then for each operation and size, a tenth of `iterations` (at least 2)
-// warm-up calls, then `iterations` calls between two barriers; the time is
-// the slowest rank's average. Bandwidths follow nccl-tests (doc/PERFORMANCE.md there): algbw = bytes / time;
-// busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and reduce-scatter (bytes = the whole
-// gathered/scattered buffer), x 1 for send/recv (each rank sends `bytes` to the next and receives from the
-// previous). Rank 0 writes one CSV line per measurement: impl,op,ranks,bytes,seconds,algbw_GBps,busbw_GBps.
+// The measurement loop shared by DiComm's and Open MPI's sides of `h2 bench comm`, so both are timed the same way: 500
+// small all-reduces to warm up, then for each operation and size, a tenth of `iterations` (at least 2) warm-up calls,
+// then `iterations` calls between two barriers; the time is the slowest rank's average. Bandwidths follow nccl-tests
+// (doc/PERFORMANCE.md there): algbw = bytes / time; busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather
+// and reduce-scatter (bytes = the whole gathered/scattered buffer), x 1 for send/recv (each rank sends `bytes` to the
+// next and receives from the previous). Rank 0 writes one CSV line per measurement:
+// impl,op,ranks,bytes,seconds,algbw_GBps,busbw_GBps.
 #pragma once
 
 #include <algorithm>
