@@ -104,82 +104,165 @@ void halving_doubling_all_reduce(Communicator& c, float* v, size_t count, Reduce
   }
 }
 
-// Waits until every peer has finished reading half `h` of this rank's shared window (their "read" signals of
-// earlier uses, which have usually long arrived).
-void settle_window(Communicator& c, SharedWindow& w, int h) {
-  auto& pending = w.pending(h);
-  for (auto& p : pending) {
-    try {
-      p.request->wait(c.options().timeout);
-    } catch (const CommError& e) {
-      throw CommError(cat("all_reduce (shared window, rank ", c.rank(), " of ", c.size(), ") waiting for job rank ",
-                          p.peer, " to finish reading this rank's window: ", e.what()));
+// The shared windows of a group's ranks (one host), used in halves: each use writes one half of this rank's
+// window and reads the halves its peers wrote. Halves alternate across calls and communicators; a rank writes a
+// half again only after every peer that read it has said it is done (those signals have usually long arrived),
+// so a use never waits for the peers still reading the one before. Signals are zero- or 4-byte messages of the
+// collective's own steps, so a dead or missing peer is named like in any other step.
+class WindowUse {
+ public:
+  WindowUse(Communicator& c, SharedWindow& w, const char* op)
+      : c_(c), w_(w), op_(op), n_(c.size()), r_(c.rank()), half_bytes_(w.bytes() / 2 / 64 * 64) {
+    for (int p = 0; p < n_; ++p) windows_.push_back(w.peer(c.job_rank(p)));
+    halves_.resize(static_cast<size_t>(n_));
+  }
+  size_t half_bytes() const { return half_bytes_; }
+
+  // Takes the next half of this rank's window once its readers are done with it; returns it.
+  char* begin() {
+    half_ = w_.next_half();
+    for (auto& p : w_.pending(half_)) {
+      try {
+        p.request->wait(c_.options().timeout);
+      } catch (const CommError& e) {
+        throw CommError(cat(op_, " (rank ", r_, " of ", n_, ") waiting for job rank ", p.peer,
+                            " to finish reading this rank's shared window: ", e.what()));
+      }
+    }
+    w_.pending(half_).clear();
+    return w_.local() + static_cast<size_t>(half_) * half_bytes_;
+  }
+  // Signals every peer that this rank's half is written and waits for theirs; afterwards peer(p) is readable.
+  void written(int step) { signal(true, step); }
+  // Signals every peer and waits for every peer, carrying nothing (the next phase may start).
+  void barrier(int step) { signal(false, step); }
+  const char* peer(int p) const {
+    return windows_[static_cast<size_t>(p)] + static_cast<size_t>(halves_[static_cast<size_t>(p)]) * half_bytes_;
+  }
+  // This rank is done reading the peers' halves, and they will be with its own: each side learns it before it
+  // next writes there.
+  void done(int step) {
+    for (int p = 0; p < n_; ++p) {
+      if (p == r_) continue;
+      w_.pending(half_).push_back({c_.isend_step(nullptr, 0, p, step), c_.job_rank(p)});
+      w_.pending(half_).push_back({c_.irecv_step(nullptr, 0, p, step), c_.job_rank(p)});
     }
   }
-  pending.clear();
+
+ private:
+  void signal(bool with_half, int step) {
+    requests_.clear();
+    for (int p = 0; p < n_; ++p) {
+      if (p != r_)
+        requests_.push_back(
+            c_.irecv_step(with_half ? &halves_[static_cast<size_t>(p)] : nullptr, with_half ? 4 : 0, p, step));
+    }
+    for (int p = 0; p < n_; ++p) {
+      if (p != r_) requests_.push_back(c_.isend_step(with_half ? &half_ : nullptr, with_half ? 4 : 0, p, step));
+    }
+    for (size_t i = 0; i < requests_.size(); ++i) {
+      const int k = static_cast<int>(i % static_cast<size_t>(n_ - 1));
+      c_.wait_request(*requests_[i], op_, k < r_ ? k : k + 1, step);
+    }
+  }
+
+  Communicator& c_;
+  SharedWindow& w_;
+  const char* op_;
+  int n_, r_;
+  size_t half_bytes_;
+  std::vector<const char*> windows_;
+  std::vector<int32_t> halves_;
+  int32_t half_ = 0;
+  std::vector<std::unique_ptr<Request>> requests_;
+};
+
+constexpr size_t kTile = 8192;  // floats reduced per pass over the peers' windows (32 KiB: stays in cache)
+
+// Adds block [b0, b1) of every peer's window half (floats at the same offsets) into acc, tile by tile, so each
+// tile of acc stays in cache across the peers; `then(t, e)` runs on each finished tile.
+template <typename Then>
+void reduce_from_peers(const WindowUse& use, int n, int r, float* acc, size_t b0, size_t b1, size_t offset, ReduceOp op,
+                       Then then) {
+  for (size_t t = b0; t < b1; t += kTile) {
+    const size_t e = std::min(b1, t + kTile);
+    for (int p = 0; p < n; ++p) {
+      if (p != r) reduce_into(acc + (t - b0), reinterpret_cast<const float*>(use.peer(p)) + offset + t, e - t, op);
+    }
+    then(t, e);
+  }
 }
 
-// All-reduce through the shared windows of ranks on one host, in pieces of half a window. Per piece, rank r
-// copies every block but its own into its window; once all have (signal 1), it adds the peers' copies of block r
-// to its own, tile by tile while the tile is in cache, and puts the sum in its window too; once all have
-// (signal 2), it copies each peer's summed block out of that peer's window. Every byte crosses between processes
-// once, read in place (message transports copy it into and out of a queue), and a piece needs two signals
-// whatever the number of ranks (a ring needs 2 (n - 1) steps). The signals carry the window half each rank
-// wrote; halves alternate, and a rank writes a half again only after its readers said they are done with it.
+// All-reduce through the shared windows, in pieces of half a window. Per piece, rank r copies every block but its
+// own into its window; once all have (signal 1), it adds the peers' copies of block r to its own and puts the sum
+// in its window too; once all have (signal 2), it copies each peer's summed block out of that peer's window. Every
+// byte crosses between processes once, read in place (message transports copy it into and out of a queue), and a
+// piece takes two signals whatever the number of ranks (a ring takes 2 (n - 1) steps).
 void window_all_reduce(Communicator& c, SharedWindow& w, float* v, size_t count, ReduceOp op) {
   const int n = c.size(), r = c.rank();
-  constexpr size_t kTile = 8192;                                // floats reduced per pass over the peers (32 KiB)
-  const size_t half = w.bytes() / 2 / sizeof(float) / 16 * 16;  // floats per half, 64-byte aligned
-  std::vector<const float*> windows(static_cast<size_t>(n));
-  for (int p = 0; p < n; ++p) windows[static_cast<size_t>(p)] = reinterpret_cast<const float*>(w.peer(c.job_rank(p)));
-  std::vector<int32_t> halves(static_cast<size_t>(n));
-  std::vector<std::unique_ptr<Request>> requests;
-  // One signal to and from every peer at step `step`; `data` (an int32 or nothing) goes to all of them, theirs
-  // lands in halves[p].
-  const auto signal = [&](const int32_t* data, int step) {
-    requests.clear();
-    for (int p = 0; p < n; ++p) {
-      if (p != r)
-        requests.push_back(c.irecv_step(data ? &halves[static_cast<size_t>(p)] : nullptr, data ? 4 : 0, p, step));
-    }
-    for (int p = 0; p < n; ++p) {
-      if (p != r) requests.push_back(c.isend_step(data, data ? 4 : 0, p, step));
-    }
-    for (size_t i = 0; i < requests.size(); ++i) {
-      const int k = static_cast<int>(i % static_cast<size_t>(n - 1));
-      c.wait_request(*requests[i], "all_reduce (shared window)", k < r ? k : k + 1, step);
-    }
-  };
+  WindowUse use(c, w, "all_reduce (shared window)");
+  const size_t half = use.half_bytes() / 4;
   int step = 0;
   for (size_t at = 0; at < count; at += half, step += 3) {
     const size_t m = std::min(half, count - at);
     float* x = v + at;
-    const int32_t h = w.next_half();
-    settle_window(c, w, h);
-    float* mine = reinterpret_cast<float*>(w.local()) + static_cast<size_t>(h) * half;
+    auto* mine = reinterpret_cast<float*>(use.begin());
     for (int b = 0; b < n; ++b) {
       if (b != r) std::memcpy(mine + block(m, n, b), x + block(m, n, b), (block(m, n, b + 1) - block(m, n, b)) * 4);
     }
-    signal(&h, step);
-    const auto peer_half = [&](int p) {
-      return windows[static_cast<size_t>(p)] + static_cast<size_t>(halves[static_cast<size_t>(p)]) * half;
-    };
+    use.written(step);
     const size_t b0 = block(m, n, r), b1 = block(m, n, r + 1);
-    for (size_t t = b0; t < b1; t += kTile) {
-      const size_t e = std::min(b1, t + kTile);
-      for (int p = 0; p < n; ++p) {
-        if (p != r) reduce_into(x + t, peer_half(p) + t, e - t, op);
-      }
-      std::memcpy(mine + t, x + t, (e - t) * 4);
-    }
-    signal(nullptr, step + 1);
+    reduce_from_peers(use, n, r, x + b0, b0, b1, 0, op,
+                      [&](size_t t, size_t e) { std::memcpy(mine + t, x + t, (e - t) * 4); });
+    use.barrier(step + 1);
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
-      std::memcpy(x + block(m, n, p), peer_half(p) + block(m, n, p), (block(m, n, p + 1) - block(m, n, p)) * 4);
-      // This rank is done with p's half; p learns it before it next writes there. Likewise p about this one's.
-      w.pending(h).push_back({c.isend_step(nullptr, 0, p, step + 2), c.job_rank(p)});
-      w.pending(h).push_back({c.irecv_step(nullptr, 0, p, step + 2), c.job_rank(p)});
+      const size_t p0 = block(m, n, p), p1 = block(m, n, p + 1);
+      std::memcpy(x + p0, reinterpret_cast<const float*>(use.peer(p)) + p0, (p1 - p0) * 4);
     }
+    use.done(step + 2);
+  }
+}
+
+// Reduce-scatter through the shared windows: per piece of every block, rank r widens the blocks of the others into
+// its window (slot b for block b) and, once all have, adds slot r of every peer's window to its own block. One
+// signal per piece. `in`: n blocks of `count` elements of `dtype`; out: this rank's block, summed, in f32.
+void window_reduce_scatter(Communicator& c, SharedWindow& w, float* out, const void* in, size_t count, DType dtype,
+                           ReduceOp op) {
+  const int n = c.size(), r = c.rank();
+  WindowUse use(c, w, "reduce_scatter (shared window)");
+  const size_t slot = use.half_bytes() / 4 / static_cast<size_t>(n) / 16 * 16;  // floats per block per piece
+  const size_t width = dtype_size(dtype);
+  const auto* bytes = static_cast<const char*>(in);
+  int step = 0;
+  for (size_t at = 0; at < count; at += slot, step += 2) {
+    const size_t m = std::min(slot, count - at);
+    auto* mine = reinterpret_cast<float*>(use.begin());
+    for (int b = 0; b < n; ++b) {
+      const char* from = bytes + (static_cast<size_t>(b) * count + at) * width;
+      widen(b == r ? out + at : mine + static_cast<size_t>(b) * slot, from, m, dtype);
+    }
+    use.written(step);
+    reduce_from_peers(use, n, r, out + at, 0, m, static_cast<size_t>(r) * slot, op, [](size_t, size_t) {});
+    use.done(step + 1);
+  }
+}
+
+// All-gather through the shared windows: per piece, each rank copies its block into its window and, once all
+// have, copies every peer's out of theirs. One signal per piece.
+void window_all_gather(Communicator& c, SharedWindow& w, char* out, size_t bytes) {
+  const int n = c.size(), r = c.rank();
+  WindowUse use(c, w, "all_gather (shared window)");
+  const size_t half = use.half_bytes();
+  int step = 0;
+  for (size_t at = 0; at < bytes; at += half, step += 2) {
+    const size_t m = std::min(half, bytes - at);
+    std::memcpy(use.begin(), out + static_cast<size_t>(r) * bytes + at, m);
+    use.written(step);
+    for (int p = 0; p < n; ++p) {
+      if (p != r) std::memcpy(out + static_cast<size_t>(p) * bytes + at, use.peer(p), m);
+    }
+    use.done(step + 1);
   }
 }
 
@@ -271,17 +354,25 @@ void Communicator::reduce_scatter(void* out, const void* in, size_t count, DType
   check_dtype(dtype, "reduce_scatter");
   next_sequence();
   const int n = size();
-  // ring_reduce_scatter leaves rank r with block r + 1 complete, so shift the input by one block: block b of the
-  // input goes to position b + 1, and rank r ends with the sum of input block r.
-  float* v = scratch(0, count * static_cast<size_t>(n));
   const size_t width = dtype_size(dtype);
-  for (int b = 0; b < n; ++b) {
-    widen(v + count * static_cast<size_t>((b + 1) % n),
-          static_cast<const char*>(in) + count * width * static_cast<size_t>(b), count, dtype);
+  const ReduceOp sum_or_max = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+  float* result = nullptr;
+  SharedWindow* w =
+      n > 1 && count * width * static_cast<size_t>(n) > options_.small_message_bytes ? shared_window() : nullptr;
+  if (w != nullptr) {
+    result = scratch(0, count);
+    window_reduce_scatter(*this, *w, result, in, count, dtype, sum_or_max);
+  } else {
+    // ring_reduce_scatter leaves rank r with block r + 1 complete, so shift the input by one block: block b of the
+    // input goes to position b + 1, and rank r ends with the sum of input block r.
+    float* v = scratch(0, count * static_cast<size_t>(n));
+    for (int b = 0; b < n; ++b) {
+      widen(v + count * static_cast<size_t>((b + 1) % n),
+            static_cast<const char*>(in) + count * width * static_cast<size_t>(b), count, dtype);
+    }
+    if (n > 1) ring_reduce_scatter(*this, v, count * static_cast<size_t>(n), sum_or_max, "reduce_scatter");
+    result = v + count * static_cast<size_t>(n > 1 ? (rank() + 1) % n : 0);  // the block this rank holds in full
   }
-  if (n > 1) ring_reduce_scatter(*this, v, count * static_cast<size_t>(n), op, "reduce_scatter");
-  const int mine = n > 1 ? (rank() + 1) % n : 0;  // the block this rank now holds in full
-  float* result = v + count * static_cast<size_t>(mine);
   if (op == ReduceOp::kAvg) {
     for (size_t i = 0; i < count; ++i) result[i] /= static_cast<float>(n);
   }
@@ -295,6 +386,9 @@ void Communicator::all_gather(void* out, const void* in, size_t count, DType dty
   const size_t bytes = count * dtype_size(dtype);
   auto* o = static_cast<char*>(out);
   if (bytes > 0) std::memcpy(o + bytes * static_cast<size_t>(r), in, bytes);
+  if (n > 1 && bytes * static_cast<size_t>(n) > options_.small_message_bytes) {
+    if (SharedWindow* w = shared_window()) return window_all_gather(*this, *w, o, bytes);
+  }
   // Ring: in step s, pass on the block that arrived in step s - 1.
   for (int s = 0; s < n - 1; ++s) {
     const int sb = (r - s + n) % n, rb = (r - s - 1 + n) % n;

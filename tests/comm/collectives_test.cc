@@ -92,9 +92,9 @@ TEST(Collectives, LargeAllReducesInChunksAreExact) {
   }
 }
 
-// One window serves every communicator of a rank, in halves that alternate: overlapping groups (the world, then
-// evens or odds, then the world again) take turns, in many small pieces (a 4 KiB window: 512 floats a piece),
-// and no rank overwrites a half that a peer is still reading.
+// One window serves every communicator and collective of a rank, in halves that alternate: overlapping groups
+// (the world, then evens or odds, then the world again) take turns, in many small pieces (a 4 KiB window: 512
+// floats a piece), and no rank overwrites a half that a peer is still reading.
 TEST(Collectives, SharedWindowsServeOverlappingGroupsInManyPieces) {
   const size_t count = 20011;
   for (int n : {2, 3, 5}) {
@@ -117,6 +117,17 @@ TEST(Collectives, SharedWindowsServeOverlappingGroupsInManyPieces) {
               ASSERT_EQ(group[i], group_ranks * unit) << "round " << round << " i=" << i;
               ASSERT_EQ(max[i], static_cast<float>(n) * unit) << "round " << round << " i=" << i;
             }
+            // Reduce-scatter (bf16 in, f32 sums) and all-gather through the same windows, in pieces too.
+            std::vector<bf16_t> in(count * static_cast<size_t>(n)), mine(count);
+            for (size_t i = 0; i < in.size(); ++i) in[i] = f32_to_bf16(value(c.rank(), i + round));
+            c.reduce_scatter(mine.data(), in.data(), count, DType::kBF16, ReduceOp::kSum);
+            for (size_t i = 0; i < count; ++i) {
+              const size_t global = static_cast<size_t>(c.rank()) * count + i + round;
+              ASSERT_EQ(bf16_to_f32(mine[i]), static_cast<float>(n * (n + 1) / 2 * static_cast<int>(global % 7 + 1)));
+            }
+            std::vector<float> all(count * static_cast<size_t>(n));
+            c.all_gather(all.data(), world.data(), count, DType::kF32);
+            for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i], world[i % count]) << "round " << round;
           }
         },
         {}, 4096);
