@@ -21,6 +21,21 @@ inline std::string temp_path(const std::string& name) {
   return (std::filesystem::path(::testing::TempDir()) / ("h2_" + std::to_string(getpid()) + "_" + name)).string();
 }
 
+// Removes this process's temporary files and folders (temp_path's prefix) when every test passed; a failed run
+// keeps them to look at. Registered once per test program, before main (as gtest's documentation allows).
+class TempCleanup final : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (!::testing::UnitTest::GetInstance()->Passed()) return;
+    const std::string prefix = "h2_" + std::to_string(getpid()) + "_";
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir(), ec)) {
+      if (entry.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove_all(entry.path(), ec);
+    }
+  }
+};
+inline ::testing::Environment* const kTempCleanup = ::testing::AddGlobalTestEnvironment(new TempCleanup);
+
 // A fresh empty folder under the test temp dir, private to this process.
 inline std::string temp_dir(const std::string& name) {
   const std::filesystem::path p = temp_path(name);
