@@ -2,6 +2,7 @@
 // number so that a timeout says how far the collective got.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -198,7 +199,11 @@ void reduce_from_peers(const WindowUse& use, int n, int r, float* acc, size_t b0
 // in its window too; once all have (signal 2), it copies each peer's summed block out of that peer's window. Every
 // byte crosses between processes once, read in place (message transports copy it into and out of a queue), and a
 // piece takes two signals whatever the number of ranks (a ring takes 2 (n - 1) steps).
-void window_all_reduce(Communicator& c, SharedWindow& w, float* v, size_t count, ReduceOp op) {
+//
+// Hierarchical use: `across`, when given, all-reduces each rank's summed block with the ranks that hold the same
+// block on the other hosts before the block is published, so the host's ranks copy out the job-wide sums.
+void window_all_reduce(Communicator& c, SharedWindow& w, float* v, size_t count, ReduceOp op,
+                       const std::function<void(float*, size_t)>& across = nullptr) {
   const int n = c.size(), r = c.rank();
   WindowUse use(c, w, "all_reduce (shared window)");
   const size_t half = use.half_bytes() / 4;
@@ -212,8 +217,14 @@ void window_all_reduce(Communicator& c, SharedWindow& w, float* v, size_t count,
     }
     use.written(step);
     const size_t b0 = block(m, n, r), b1 = block(m, n, r + 1);
-    reduce_from_peers(use, n, r, x + b0, b0, b1, 0, op,
-                      [&](size_t t, size_t e) { std::memcpy(mine + t, x + t, (e - t) * 4); });
+    if (across) {
+      reduce_from_peers(use, n, r, x + b0, b0, b1, 0, op, [](size_t, size_t) {});
+      across(x + b0, b1 - b0);
+      std::memcpy(mine + b0, x + b0, (b1 - b0) * 4);
+    } else {
+      reduce_from_peers(use, n, r, x + b0, b0, b1, 0, op,
+                        [&](size_t t, size_t e) { std::memcpy(mine + t, x + t, (e - t) * 4); });
+    }
     use.barrier(step + 1);
     for (int p = 0; p < n; ++p) {
       if (p == r) continue;
@@ -323,14 +334,22 @@ void Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op
     } else if (hierarchical()) {
       // Within each host, then across hosts (one rank per host per block), then within the host again: the
       // slow inter-host links carry 2 (h-1)/h of the data once instead of every ring step crossing them.
+      // Within a host, through the shared windows where its ranks have them (the cross-host all-reduce of each
+      // piece's block sits between the window's reduction and its copy-out), else by ring.
       last_algorithm_ = "hierarchical";
-      const int l = local_->size(), mine = (local_->rank() + 1) % l;
-      const size_t b0 = block(count, l, mine), b1 = block(count, l, mine + 1);
-      local_->next_sequence();
-      ring_reduce_scatter(*local_, v, count, sum_or_max, "all_reduce(local)");
-      cross_->all_reduce(v + b0, b1 - b0, DType::kF32, sum_or_max);
-      local_->next_sequence();
-      ring_all_gather(*local_, v, count, "all_reduce(local)", l);
+      const auto across = [&](float* x, size_t n) { cross_->all_reduce(x, n, DType::kF32, sum_or_max); };
+      if (SharedWindow* w = local_->shared_window()) {
+        local_->next_sequence();
+        window_all_reduce(*local_, *w, v, count, sum_or_max, across);
+      } else {
+        const int l = local_->size(), mine = (local_->rank() + 1) % l;
+        const size_t b0 = block(count, l, mine), b1 = block(count, l, mine + 1);
+        local_->next_sequence();
+        ring_reduce_scatter(*local_, v, count, sum_or_max, "all_reduce(local)");
+        across(v + b0, b1 - b0);
+        local_->next_sequence();
+        ring_all_gather(*local_, v, count, "all_reduce(local)", l);
+      }
     } else if (SharedWindow* w = shared_window()) {
       last_algorithm_ = "shared-window";
       window_all_reduce(*this, *w, v, count, sum_or_max);

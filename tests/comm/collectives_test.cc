@@ -245,21 +245,29 @@ TEST(PointToPoint, TaggedMessagesMatchByTag) {
 }
 
 TEST(Collectives, HierarchicalOnlyWhenHostsAreManyAndEven) {
-  // 6 ranks on 3 hosts of 2: hierarchical, exact sums; 3 ranks on hosts of 2 and 1: flat ring.
-  for (const auto& [n, per_host, expect] : {std::tuple{6, 2, "hierarchical"}, std::tuple{3, 2, "ring"}}) {
-    // Threads of one process could share windows whatever hosts they claim: without them, as ranks on hosts.
+  // 6 ranks on 3 hosts of 2: hierarchical, exact sums; 3 ranks on hosts of 2 and 1: flat. Without windows, by ring
+  // within each host and flat; with 4 KiB windows (threads share memory whatever hosts they claim), the hosts'
+  // ranks reduce through windows in many pieces, each piece's block all-reduced across hosts in between (the
+  // cross-host group uses the same windows, nested), and the flat case goes through the windows.
+  for (const auto& [n, per_host, window, expect] :
+       {std::tuple{6, 2, 0, "hierarchical"}, std::tuple{3, 2, 0, "ring"}, std::tuple{6, 2, 4096, "hierarchical"},
+        std::tuple{3, 2, 4096, "shared-window"}}) {
     const auto errors = run_ranks(
         n,
         [&, n = n, per_host = per_host, expect = expect](Communicator& c) {
           c.set_hosts(cat("host", c.rank() / per_host));
-          std::vector<float> v(100003);
-          for (size_t i = 0; i < v.size(); ++i) v[i] = value(c.rank(), i);
-          c.all_reduce(v.data(), v.size(), DType::kF32, ReduceOp::kSum);
-          ASSERT_STREQ(c.last_algorithm(), expect);
-          for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], static_cast<float>(n * (n + 1) / 2 * (i % 7 + 1)));
+          for (int round = 0; round < 2; ++round) {
+            std::vector<float> v(100003);
+            for (size_t i = 0; i < v.size(); ++i) v[i] = value(c.rank(), i + round);
+            c.all_reduce(v.data(), v.size(), DType::kF32, ReduceOp::kSum);
+            ASSERT_STREQ(c.last_algorithm(), expect);
+            for (size_t i = 0; i < v.size(); ++i) {
+              ASSERT_EQ(v[i], static_cast<float>(n * (n + 1) / 2 * static_cast<int>((i + round) % 7 + 1)));
+            }
+          }
         },
-        {}, 0);
-    for (const std::string& e : errors) ASSERT_EQ(e, "");
+        {}, static_cast<size_t>(window));
+    for (const std::string& e : errors) ASSERT_EQ(e, "") << "n=" << n << " window=" << window;
   }
 }
 
