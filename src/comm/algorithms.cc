@@ -333,9 +333,9 @@ void Communicator::all_reduce(void* data, size_t count, DType dtype, ReduceOp op
       (power_of_two ? recursive_doubling_all_reduce : tree_all_reduce)(*this, v, count, sum_or_max);
     } else if (hierarchical()) {
       // Within each host, then across hosts (one rank per host per block), then within the host again: the
-      // slow inter-host links carry 2 (h-1)/h of the data once instead of every ring step crossing them.
-      // Within a host, through the shared windows where its ranks have them (the cross-host all-reduce of each
-      // piece's block sits between the window's reduction and its copy-out), else by ring.
+      // slow inter-host links carry 2 (h-1)/h of the data once instead of every ring step crossing them. Within
+      // a host through the shared windows where its ranks have them (the cross-host all-reduce of each piece's
+      // block sits between the window's reduction and its copy-out), else by ring.
       last_algorithm_ = "hierarchical";
       const auto across = [&](float* x, size_t n) { cross_->all_reduce(x, n, DType::kF32, sum_or_max); };
       if (SharedWindow* w = local_->shared_window()) {
