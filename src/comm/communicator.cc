@@ -40,26 +40,26 @@ void Communicator::wait(Request& request, const char* op, int peer, int step) {
     const bool world = members_.size() == static_cast<size_t>(transport_->size());
     const std::string who = world || peer < 0 || peer >= size()
                                 ? cat("rank ", peer)
-                                : cat("group rank ", peer, " (job rank ", members_[static_cast<size_t>(peer)], ")");
+                                : cat("group rank ", peer, " (job rank ", job_rank(peer), ")");
     throw CommError(cat(op, " (rank ", rank_, " of ", size(), ", step ", step, ") waiting for ", who, ": ", e.what()));
   }
 }
 
 void Communicator::send(const void* data, size_t bytes, int peer, const char* op, int step) {
-  auto r = transport_->isend(members_[static_cast<size_t>(peer)], tag(sequence_, step), data, bytes);
+  auto r = isend_step(data, bytes, peer, step);
   wait(*r, op, peer, step);
 }
 
 void Communicator::recv(void* data, size_t bytes, int peer, const char* op, int step) {
-  auto r = transport_->irecv(members_[static_cast<size_t>(peer)], tag(sequence_, step), data, bytes);
+  auto r = irecv_step(data, bytes, peer, step);
   wait(*r, op, peer, step);
 }
 
 void Communicator::send_recv(const void* send_data, size_t send_bytes, int to, void* recv_data, size_t recv_bytes,
                              int from, const char* op, int step) {
   // The receive first: a message that arrives before its receive is posted is buffered and copied once more.
-  auto r = transport_->irecv(members_[static_cast<size_t>(from)], tag(sequence_, step), recv_data, recv_bytes);
-  auto s = transport_->isend(members_[static_cast<size_t>(to)], tag(sequence_, step), send_data, send_bytes);
+  auto r = irecv_step(recv_data, recv_bytes, from, step);
+  auto s = isend_step(send_data, send_bytes, to, step);
   wait(*r, op, from, step);
   wait(*s, op, to, step);
 }
@@ -70,16 +70,13 @@ void Communicator::send_recv_chunked(const void* send_data, size_t send_bytes, i
   // One tag for all chunks: messages from one sender with one tag are matched in the order they were sent.
   // Blocks of a few chunks go whole: there the per-message cost outweighs the cache.
   if (std::max(send_bytes, recv_bytes) < 4 * chunk) chunk = std::max<size_t>(1, std::max(send_bytes, recv_bytes));
-  const uint64_t t = tag(sequence_, step);
   std::vector<std::unique_ptr<Request>> receives, sends;
   for (size_t at = 0; at < recv_bytes || (at == 0 && recv_bytes == 0); at += chunk) {
-    receives.push_back(transport_->irecv(members_[static_cast<size_t>(from)], t, static_cast<char*>(recv_data) + at,
-                                         std::min(chunk, recv_bytes - at)));
+    receives.push_back(irecv_step(static_cast<char*>(recv_data) + at, std::min(chunk, recv_bytes - at), from, step));
     if (recv_bytes == 0) break;
   }
   for (size_t at = 0; at < send_bytes || (at == 0 && send_bytes == 0); at += chunk) {
-    sends.push_back(transport_->isend(members_[static_cast<size_t>(to)], t, static_cast<const char*>(send_data) + at,
-                                      std::min(chunk, send_bytes - at)));
+    sends.push_back(isend_step(static_cast<const char*>(send_data) + at, std::min(chunk, send_bytes - at), to, step));
     if (send_bytes == 0) break;
   }
   for (size_t i = 0; i < receives.size(); ++i) {
@@ -91,11 +88,11 @@ void Communicator::send_recv_chunked(const void* send_data, size_t send_bytes, i
 }
 
 std::unique_ptr<Request> Communicator::isend_step(const void* data, size_t bytes, int peer, int step) {
-  return transport_->isend(members_[static_cast<size_t>(peer)], tag(sequence_, step), data, bytes);
+  return transport_->isend(job_rank(peer), tag(sequence_, step), data, bytes);
 }
 
 std::unique_ptr<Request> Communicator::irecv_step(void* data, size_t bytes, int peer, int step) {
-  return transport_->irecv(members_[static_cast<size_t>(peer)], tag(sequence_, step), data, bytes);
+  return transport_->irecv(job_rank(peer), tag(sequence_, step), data, bytes);
 }
 
 SharedWindow* Communicator::shared_window() {
@@ -104,8 +101,7 @@ SharedWindow* Communicator::shared_window() {
     // other member's; the group uses the windows only if every member could.
     SharedWindow* w = transport_->window();
     bool mapped = w != nullptr && w->local() != nullptr;
-    for (int peer = 0; mapped && peer < size(); ++peer)
-      mapped = w->peer(members_[static_cast<size_t>(peer)]) != nullptr;
+    for (int peer = 0; mapped && peer < size(); ++peer) mapped = w->peer(job_rank(peer)) != nullptr;
     float unmapped = mapped ? 0.0f : 1.0f;
     all_reduce(&unmapped, 1, DType::kF32, ReduceOp::kMax);
     window_use_ = unmapped == 0.0f ? WindowUse::kYes : WindowUse::kNo;
@@ -116,13 +112,13 @@ SharedWindow* Communicator::shared_window() {
 std::unique_ptr<Request> Communicator::isend(const void* data, size_t bytes, int peer, uint32_t tag) {
   if (peer < 0 || peer >= size())
     throw Error(ErrorCode::kInvalidArgument, cat("send: peer ", peer, " is not in the group of ", size()));
-  return transport_->isend(members_[static_cast<size_t>(peer)], user_tag(tag, "send"), data, bytes);
+  return transport_->isend(job_rank(peer), user_tag(tag, "send"), data, bytes);
 }
 
 std::unique_ptr<Request> Communicator::irecv(void* data, size_t bytes, int peer, uint32_t tag) {
   if (peer < 0 || peer >= size())
     throw Error(ErrorCode::kInvalidArgument, cat("recv: peer ", peer, " is not in the group of ", size()));
-  return transport_->irecv(members_[static_cast<size_t>(peer)], user_tag(tag, "recv"), data, bytes);
+  return transport_->irecv(job_rank(peer), user_tag(tag, "recv"), data, bytes);
 }
 
 float* Communicator::scratch(int which, size_t count) {
@@ -163,9 +159,7 @@ Communicator Communicator::split(int color, int key) {
   // Everyone sends its pair to everyone: split is rare and its messages are 8 bytes.
   std::vector<std::pair<int, std::unique_ptr<Request>>> sends;
   for (int peer = 0; peer < size(); ++peer) {
-    if (peer != rank_)
-      sends.push_back(
-          {peer, transport_->isend(members_[static_cast<size_t>(peer)], tag(sequence_, 0), mine.data(), 8)});
+    if (peer != rank_) sends.push_back({peer, isend_step(mine.data(), 8, peer, 0)});
   }
   for (int peer = 0; peer < size(); ++peer) {
     if (peer != rank_) recv(all.data() + 2 * peer, 8, peer, "split", 0);
@@ -177,7 +171,7 @@ Communicator Communicator::split(int color, int key) {
   }
   std::sort(group.begin(), group.end());
   std::vector<int> members;
-  for (const auto& [k, r] : group) members.push_back(members_[static_cast<size_t>(r)]);
+  for (const auto& [k, r] : group) members.push_back(job_rank(r));
   // The group id: a hash of the parent's id, the split's sequence number and the colour, in 10 bits.
   uint64_t id = group_id_ * 1000003u + sequence_ * 7919u + static_cast<uint64_t>(static_cast<uint32_t>(color)) + 1;
   id = (id ^ (id >> 10) ^ (id >> 20) ^ (id >> 40)) & 0x3ff;

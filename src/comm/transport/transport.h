@@ -36,7 +36,7 @@ class Request {
 inline constexpr int kTagBits = 48;
 
 // Memory that each rank shares with the ranks of its host, so that collectives read a peer's data in place
-// instead of receiving a copy (comm/algorithms.cc, window_all_reduce). Each rank owns one window of bytes();
+// instead of receiving a copy (comm/algorithms.cc, WindowUse). Each rank owns one window of bytes();
 // peers only read it. Optional: a transport without shared memory has none.
 class SharedWindow {
  public:

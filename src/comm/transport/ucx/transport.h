@@ -24,8 +24,8 @@ struct UcxOptions {
   // How long a wait polls (yielding the core between polls) before it sleeps on the event descriptor: long
   // enough to catch the next step of a collective without a wake-up, short enough to leave an idle rank asleep.
   std::chrono::microseconds spin{500};
-  // The shared window's size (transport.h, SharedWindow): all-reduces between ranks of one host go through it in
-  // pieces of half of it.
+  // The shared window's size (transport.h, SharedWindow): large all-reduces, reduce-scatters and all-gathers
+  // between ranks of one host go through it in pieces of half of it.
   size_t window_bytes = size_t{2} << 20;
 };
 
