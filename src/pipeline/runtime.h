@@ -1,5 +1,5 @@
 // HeteroPP's runtime (DESIGN.md, "pipeline"): one rank's stage of a pipelined, data-parallel GPT and the
-// interpreter of its action list (pipeline/schedule.h).
+// interpreter of its action list (schedule/schedule.h).
 //
 // Ranks: stage s has dp_s replicas of tp_s tensor-parallel ranks each (StageLayout); stages may differ in both.
 // A micro-batch is `rows` sequences; replica d of stage s holds rows [d rows/dp_s, (d+1) rows/dp_s), and every
@@ -29,7 +29,7 @@
 #include "comm/tensor_comm.h"
 #include "model/gpt.h"
 #include "ops/kernels.h"
-#include "pipeline/schedule.h"
+#include "schedule/schedule.h"
 #include "train/checkpoint.h"
 
 namespace h2 {

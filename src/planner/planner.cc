@@ -12,7 +12,6 @@
 
 #include "core/clock.h"
 #include "core/error.h"
-#include "device/device.h"
 
 namespace h2 {
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "pipeline/schedule.h"
 #include "planner/plan.h"
+#include "schedule/schedule.h"
 
 namespace h2 {
 

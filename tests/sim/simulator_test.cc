@@ -1,12 +1,19 @@
-// The simulator against closed forms on uniform pipelines.
+// The simulator against closed forms on uniform pipelines, and against the planner's plans.
 #include "sim/simulator.h"
 
 #include <nlohmann/json.hpp>
 
+#include "planner/fixtures.h"
+#include "planner/planner.h"
 #include "test_util.h"
 
 namespace h2 {
 namespace {
+
+using testing_util::cluster_of;
+using testing_util::Hetero1024;
+using testing_util::kSmallCluster;
+using testing_util::small_model;
 
 // p identical stages, forward f and backward b per micro-batch, no links, no DP.
 Plan uniform_plan(int p, int m, double f, double b) {
@@ -75,6 +82,26 @@ TEST(Simulator, TraceIsChromeJson) {
   int compute = 0;
   for (const auto& e : t.at("traceEvents")) compute += e.value("cat", "") == "compute";
   EXPECT_EQ(compute, 2 * 2 * 3);
+}
+
+TEST_F(Hetero1024, SimulatorAgreesWithThePlannerAndMemoryHolds) {
+  const CostModel costs(cluster_, model_, train_);
+  const Plan plan = plan_training(costs, PlannerOptions{.finest_tier = "greedy"});
+  const SimResult r = simulate(plan, SimOptions{});
+  EXPECT_NEAR(plan.step_s / r.step_s, 1.0, 0.02);
+  EXPECT_TRUE(r.fits());
+}
+
+TEST(Plan, EveryFittingPlanFitsInTheSimulator) {
+  for (int layers : {4, 6, 12}) {
+    const CostModel costs(cluster_of(kSmallCluster), small_model(layers), TrainSetup{.global_batch = 16});
+    const Plan plan = plan_training(costs, PlannerOptions{});
+    ASSERT_TRUE(plan.fits);
+    const SimResult r = simulate(plan, SimOptions{});
+    EXPECT_TRUE(r.fits()) << layers << " layers";
+    for (size_t i = 0; i < plan.stages.size(); ++i)
+      EXPECT_LE(r.peak_memory_bytes[i], plan.stages[i].memory_bytes * (1 + 1e-9));
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The schedule IR: text round trips, generator invariants, and the dry run's deadlock detection.
-#include "pipeline/schedule.h"
+#include "schedule/schedule.h"
 
 #include <map>
 

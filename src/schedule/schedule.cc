@@ -1,5 +1,5 @@
 // Schedule IR: printing, parsing, generators and the dry run.
-#include "pipeline/schedule.h"
+#include "schedule/schedule.h"
 
 #include <algorithm>
 #include <map>
