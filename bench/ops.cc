@@ -204,10 +204,6 @@ void emu_table() {
       slow_times.push_back(monotonic_seconds() - t0);
       ratios.push_back(slow_times.back() / fast_times.back());
     }
-    auto median = [](std::vector<double> v) {
-      std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-      return v[v.size() / 2];
-    };
     const double ratio = median(ratios);
     std::printf("%-30s %12.2f %12.2f %8.3f %s\n", r.name, median(fast_times) * 1e3, median(slow_times) * 1e3, ratio,
                 std::abs(ratio - 2.0) <= 0.2 ? "(within 10% of 2.0)" : "(OUTSIDE 10% of 2.0)");

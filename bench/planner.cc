@@ -50,7 +50,7 @@ void run(const char* name, const h2::CostModel& costs, const std::string& finest
 int main() {
   const std::string dir = H2_SOURCE_DIR "/examples/";
   const h2::TransformerShape model = h2::load_model(h2::ConfigNode::load_file(dir + "model_100b.yaml"));
-  const h2::TrainSetup train = h2::load_train_setup(h2::ConfigNode::load_file(dir + "train_100b.yaml"), model);
+  const h2::TrainSetup train = h2::load_train_setup(h2::ConfigNode::load_file(dir + "train_100b.yaml"));
   const h2::Cluster c1024 = h2::load_cluster(h2::ConfigNode::load_file(dir + "cluster_hetero1024.yaml"));
   const h2::Cluster c4096 = cluster_4096x8();
   std::printf("# bench_planner: the 100B model (examples/model_100b.yaml, train_100b.yaml); * = budget exhausted\n");

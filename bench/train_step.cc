@@ -24,11 +24,6 @@ extern "C" char* openblas_get_corename(void);
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
-
 // The sgemm rate on the model's MLP shape: what a step's FLOPs could run at if every op were a large GEMM.
 double sgemm_gflops(int n, int c) {
   std::vector<float> a(static_cast<size_t>(n) * c, 0.5f), b(static_cast<size_t>(4) * c * c, 0.25f),
@@ -40,7 +35,7 @@ double sgemm_gflops(int n, int c) {
                 4 * c);
     times.push_back(h2::monotonic_seconds() - t0);
   }
-  return 2.0 * n * c * 4.0 * c / median(times) * 1e-9;
+  return 2.0 * n * c * 4.0 * c / h2::median(times) * 1e-9;
 }
 
 }  // namespace
@@ -90,7 +85,7 @@ int main(int argc, char** argv) {
     step(i + 2);
     times.push_back(h2::monotonic_seconds() - t0);
   }
-  const double t_step = median(times);
+  const double t_step = h2::median(times);
   const TransformerShape s = config.shape();
   // Training FLOPs: forward + backward (2x forward) of every layer and of the head.
   const double flops = 3.0 * B * (static_cast<double>(layers) * layer_forward_flops(s, T) + head_forward_flops(s, T));

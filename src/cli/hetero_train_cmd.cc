@@ -48,7 +48,7 @@ Inputs load(const HeteroTrainCmd& cmd) {
   }
   in.run.config.seq_len = in.shape.seq_len;
   if (!cmd.train.empty()) {
-    in.setup = load_train_setup(ConfigNode::load_file(cmd.train), in.shape);
+    in.setup = load_train_setup(ConfigNode::load_file(cmd.train));
   } else {
     in.setup.global_batch = in.run.config.batch_size;
     in.setup.zero1 = false;

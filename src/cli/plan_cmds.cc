@@ -4,20 +4,11 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "core/units.h"
 #include "planner/planner.h"
 #include "sim/simulator.h"
 
 namespace h2::cli {
-namespace {
-
-std::string gib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f GiB", bytes / 1073741824.0);
-  return buf;
-}
-
-}  // namespace
-
 void print_plan(const Plan& p) {
   std::printf("plan: model '%s' on cluster '%s': %d pipeline(s) x %zu stages, micro-batch %d x %d per pipeline\n",
               p.model.c_str(), p.cluster.c_str(), p.dp, p.stages.size(), p.micro_batch, p.num_micro_batches);
@@ -33,7 +24,7 @@ void print_plan(const Plan& p) {
                                         : "");
     std::printf("%5zu %-6s %3d %4d %-12s %-9s %6d %9.2f %9.2f %8.2f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
                 layers, recompute_name(s.recompute), s.in_flight, s.forward_s * 1e3, s.backward_s * 1e3, s.send_s * 1e3,
-                gib(s.memory_bytes).c_str(), 100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
+                format_bytes(s.memory_bytes).c_str(), 100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
   }
   std::printf("predicted: step %.3f s | %.0f tokens/s | MFU %.1f%% | bubble %.1f%% | devices %d of %d\n", p.step_s,
               p.tokens_per_s, 100 * p.mfu, 100 * p.bubble_fraction, p.devices_used, p.devices_total);
@@ -55,7 +46,7 @@ Inputs load_inputs(const std::string& cluster, const std::string& model, const s
   const ConfigNode model_node = ConfigNode::load_file(model);
   in.model = load_model(model_node);
   in.model_name = model_node.get<std::string>("name", model);
-  in.train = load_train_setup(ConfigNode::load_file(train), in.model);
+  in.train = load_train_setup(ConfigNode::load_file(train));
   return in;
 }
 
@@ -175,7 +166,8 @@ void register_plan(CLI::App& app, Command& selected) {
       std::printf("%5s %-6s %10s %8s %12s %12s\n", "stage", "chip", "busy s", "busy %", "peak memory", "capacity");
       for (size_t i = 0; i < plan.stages.size(); ++i) {
         std::printf("%5zu %-6s %10.3f %7.1f%% %12s %12s%s\n", i, plan.stages[i].chip.c_str(), r.busy_s[i],
-                    100 * r.busy_s[i] / r.step_s, gib(r.peak_memory_bytes[i]).c_str(), gib(r.capacity_bytes[i]).c_str(),
+                    100 * r.busy_s[i] / r.step_s, format_bytes(r.peak_memory_bytes[i]).c_str(),
+                    format_bytes(r.capacity_bytes[i]).c_str(),
                     r.peak_memory_bytes[i] > r.capacity_bytes[i] ? "  OVER CAPACITY" : "");
       }
       if (!s->trace.empty()) {

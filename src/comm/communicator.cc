@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/hash.h"
+
 namespace h2 {
 
 // Transport tags have 48 bits (transport.h): the group (10 bits), the collective's sequence number (22 bits,
@@ -131,11 +133,9 @@ float* Communicator::scratch(int which, size_t count) {
 }
 
 void Communicator::set_hosts(const std::string& host) {
-  // Colour = a 31-bit hash of the host id (FNV-1a); ranks of one host form `local`, ranks with the same local
-  // rank across hosts form `cross`.
-  uint32_t h = 2166136261u;
-  for (unsigned char ch : host) h = (h ^ ch) * 16777619u;
-  auto local = std::make_unique<Communicator>(split(static_cast<int>(h & 0x7fffffff), rank_));
+  // Colour = 31 bits of a hash of the host id; ranks of one host form `local`, ranks with the same local rank
+  // across hosts form `cross`.
+  auto local = std::make_unique<Communicator>(split(static_cast<int>(fnv1a(host) & 0x7fffffff), rank_));
   auto cross = std::make_unique<Communicator>(split(local->rank(), rank_));
   // Hierarchy applies when there is more than one host and every host has the same number of ranks.
   float shape[2] = {static_cast<float>(local->size()), -static_cast<float>(local->size())};

@@ -1,4 +1,4 @@
-// DiComm's communicator (DESIGN.md, "comm"): rank and size within a group, sub-groups by colour and key,
+// DiComm's communicator (docs/architecture.md, "comm"): rank and size within a group, sub-groups by colour and key,
 // asynchronous tagged point-to-point, and collectives built from point-to-point over any transport.
 // Every blocking wait has a timeout; its CommError names the operation and the peer it waited for.
 //

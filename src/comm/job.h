@@ -1,4 +1,4 @@
-// Joining a job (DESIGN.md, "comm": bootstrap): from the launcher's environment (job_env()), rank 0 starts the
+// Joining a job (docs/architecture.md, "comm"): from the launcher's environment (job_env()), rank 0 starts the
 // rendezvous store, every rank connects to it, brings up the UCX transport and gets the world communicator.
 // A job of one rank needs no store: it gets an in-process transport. H2_COMM_TIMEOUT_MS overrides the
 // communication timeout (every blocking wait; default 30 s), H2_COMM_WINDOW_BYTES the size of each rank's

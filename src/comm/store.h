@@ -1,4 +1,4 @@
-// The rendezvous store (DESIGN.md, "comm": bootstrap): a small key-value server that rank 0 runs and every
+// The rendezvous store (docs/architecture.md, "comm"): a small key-value server that rank 0 runs and every
 // rank connects to, as torchrun's TCPStore does. Ranks publish what the others need to connect (transport
 // addresses) and wait for each other's keys.
 //

@@ -1,4 +1,4 @@
-// Tensors through a communicator, whatever device holds them (DESIGN.md, "comm"). A device whose memory the
+// Tensors through a communicator, whatever device holds them (docs/architecture.md, "comm"). A device whose memory the
 // host can address (ref, cpu, emu) is sent from and received into directly. Any other device's tensor is
 // staged: copied into a persistent host buffer (grown, never allocated per call), moved, and copied back; the
 // staged bytes are counted so that a benchmark or a log can report the staging traffic.

@@ -1,5 +1,5 @@
-// Seconds on the monotonic clock, and the median timing of a repeated call. Monotonic seconds: (CLOCK_MONOTONIC on
-// Linux: comparable across the processes of one host, which the measured pipeline traces rely on).
+// Seconds on the monotonic clock, medians, and the median timing of a repeated call. Monotonic seconds:
+// (CLOCK_MONOTONIC on Linux: comparable across the processes of one host, which the measured pipeline traces rely on).
 #pragma once
 
 #include <algorithm>
@@ -13,6 +13,13 @@ inline double monotonic_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// The median of timings (the upper middle one for an even count); 0 for none.
+inline double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::nth_element(values.begin(), values.begin() + static_cast<long>(values.size() / 2), values.end());
+  return values[values.size() / 2];
+}
+
 // The median wall time of `reps` runs of fn() after one warm-up run (benchmarks and h2 profile).
 inline double median_seconds(int reps, const std::function<void()>& fn) {
   fn();
@@ -22,8 +29,7 @@ inline double median_seconds(int reps, const std::function<void()>& fn) {
     fn();
     times.push_back(monotonic_seconds() - t0);
   }
-  std::nth_element(times.begin(), times.begin() + static_cast<long>(times.size() / 2), times.end());
-  return times[times.size() / 2];
+  return median(std::move(times));
 }
 
 }  // namespace h2

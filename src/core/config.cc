@@ -95,13 +95,6 @@ std::vector<ConfigNode> ConfigNode::items() const {
   return out;
 }
 
-std::vector<std::string> ConfigNode::keys() const {
-  if (!node_.IsMap()) fail(cat("expected a mapping, got ", node_kind(node_)));
-  std::vector<std::string> out;
-  for (const auto& kv : node_) out.push_back(kv.first.as<std::string>());
-  return out;
-}
-
 double ConfigNode::as_double() const {
   if (!node_.IsScalar()) fail(cat("expected a number, got ", node_kind(node_)));
   try {

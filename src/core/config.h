@@ -26,7 +26,6 @@ class ConfigNode {
   ConfigNode at(const std::string& key) const;  // a missing key is an error naming it
   std::optional<ConfigNode> find(const std::string& key) const;
   std::vector<ConfigNode> items() const;  // elements of a sequence; an error if this is not one
-  std::vector<std::string> keys() const;  // keys of a mapping; an error if this is not one
 
   double as_double() const;
   int64_t as_int() const;

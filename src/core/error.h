@@ -1,4 +1,4 @@
-// Errors in two tiers (STYLE.md, habit 6).
+// Errors in two tiers.
 //  - Programmer mistakes: H2_CHECK aborts with file:line and the failed condition.
 //  - Runtime failures (bad input, out of memory, a peer that died): h2::Error, an exception that carries a code
 //    and a message naming the file, field, rank or device, plus a hint where one helps.
@@ -20,8 +20,6 @@ enum class ErrorCode {
   kIo,               // reading or writing a file failed
   kInternal,         // a failure that is not the caller's fault
 };
-
-const char* error_code_name(ErrorCode code);
 
 class Error : public std::runtime_error {
  public:

@@ -6,25 +6,11 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/units.h"
 
 namespace h2 {
 namespace {
 constexpr size_t kAlignmentBytes = 64;  // a cache line, and enough for AVX-512 loads
-}
-
-std::string format_bytes(size_t bytes) {
-  char buf[64];
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (size_t{1} << 30)) {
-    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1 << 30));
-  } else if (bytes >= (size_t{1} << 20)) {
-    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / (1 << 20));
-  } else if (bytes >= 1024) {
-    std::snprintf(buf, sizeof(buf), "%.1f KiB", b / 1024);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%zu B", bytes);
-  }
-  return buf;
 }
 
 Device::~Device() {

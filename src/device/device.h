@@ -1,4 +1,4 @@
-// The device runtime interface (DESIGN.md, "device + ops"): what every chip backend provides.
+// The device runtime interface (docs/architecture.md, "device + ops"): what every chip backend provides.
 //
 // Memory: allocations are counted against a hard capacity, as on a real chip; one past it is an
 // Error(kOutOfMemory) naming the device and the sizes. The peak is tracked for the memory model to be checked.
@@ -18,6 +18,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "core/units.h"
 
 namespace h2 {
 
@@ -84,8 +85,5 @@ class Device {
 void copy(const Tensor& dst, const Tensor& src);
 void copy_from_host(const Tensor& dst, const void* src);
 void copy_to_host(void* dst, const Tensor& src);
-
-// "1.50 GiB", "12.0 MiB", "512 B": sizes as people read them in error messages.
-std::string format_bytes(size_t bytes);
 
 }  // namespace h2

@@ -1,5 +1,5 @@
-// The one list of device backends (STYLE.md, habit 3: explicit registration, no static initialisers).
-// Adding a backend: a folder under device/ and ops/, one entry in registry.cc, one build option.
+// The one list of device backends (explicit registration, no static initialisers; docs/architecture.md, "adding a
+// backend"). Adding a backend: a folder under device/ and ops/, one entry in registry.cc, one build option.
 #pragma once
 
 #include <memory>

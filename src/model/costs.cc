@@ -3,6 +3,25 @@
 
 namespace h2 {
 
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+std::optional<Recompute> parse_recompute(std::string_view name) {
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    if (name == recompute_name(r)) return r;
+  }
+  return std::nullopt;
+}
+
 int64_t layer_params(const TransformerShape& s) {
   const int64_t C = s.hidden, qkv = C + 2 * s.kv_dim();
   const int64_t attention = C * qkv + qkv + C * C + C;    // c_attn and c_proj, weights and biases

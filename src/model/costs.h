@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 namespace h2 {
 
@@ -32,6 +34,8 @@ struct TransformerShape {
 //   kNone: every activation; kSelective: all but the attention probabilities (the T^2 term), which the
 //   backward pass recomputes; kFull: only each layer's input, the layer is recomputed in backward.
 enum class Recompute { kNone, kSelective, kFull };
+const char* recompute_name(Recompute r);                          // "none", "selective", "full"
+std::optional<Recompute> parse_recompute(std::string_view name);  // nullopt for any other name
 
 // --- parameters (elements) ---
 int64_t layer_params(const TransformerShape& s);      // one transformer block

@@ -4,18 +4,12 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 
 namespace h2 {
 namespace {
-
-// FNV-1a: a stable hash of a parameter name, so its initial values depend on nothing else.
-uint64_t name_hash(const std::string& name) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 struct ParamSpec {
   std::string name;
@@ -253,7 +247,7 @@ void Gpt::init(uint64_t seed) {
       std::fill(host.begin(), host.end(), 1.0f);
     } else if (!is_bias) {
       const double s = p.name.ends_with("c_proj.weight") ? proj_std : std;
-      Rng rng(seed ^ name_hash(p.name));
+      Rng rng(seed ^ fnv1a(p.name));  // its values depend on its name alone
       for (float& x : host) x = static_cast<float>(rng.normal() * s);
     }
     tp_runs(p.split, p.full_shape, tp_.rank, tp_.size,

@@ -1,4 +1,4 @@
-// The operator interface a backend implements (DESIGN.md, "device + ops"; ggml-backend's function table).
+// The operator interface a backend implements (docs/architecture.md, "device + ops"; ggml-backend's function table).
 //
 // One shape for every op (llm.c): outputs first, then inputs, then sizes. Shape letters, used throughout ops/:
 //   B batch, T time (sequence), C channels, NH heads, V vocabulary, N = B*T rows, OC output channels.

@@ -1,7 +1,7 @@
-// `h2 train --cluster`: training a plan for real (DESIGN.md, "pipeline"). The driver plans (or loads a plan),
-// starts one process per device with h2 launch's machinery, and each process - one rank - runs its stage:
-// its layer range of the GPT on an emulated chip of its stage's type (speed and memory from the cluster file),
-// the 1F1B schedule over DiComm, gradient reduction over its stage's replicas.
+// `h2 train --cluster`: training a plan for real (docs/architecture.md, "pipeline"). The driver plans (or loads a
+// plan), starts one process per device with h2 launch's machinery, and each process - one rank - runs its stage: its
+// layer range of the GPT on an emulated chip of its stage's type (speed and memory from the cluster file), the 1F1B
+// schedule over DiComm, gradient reduction over its stage's replicas.
 //
 // Outputs in the run's out_dir: plan.json (what ran), metrics.jsonl (rank 0: loss, norm, lr, step time,
 // tokens/s), trace_measured.json (every rank's compute and communication actions, Chrome trace format, one

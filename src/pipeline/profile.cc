@@ -86,10 +86,6 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     head_s.push_back(h);
     optim.push_back(o);
   }
-  const auto median = [](std::vector<double> v) {
-    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
   m.layer_s = median(layer);
   m.head_s = median(head_s);
   m.flops_per_second = achieved_flops_per_second(shape, B, m.layer_s, m.head_s);

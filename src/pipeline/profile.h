@@ -1,4 +1,4 @@
-// `h2 profile` (DESIGN.md, "pipeline"): measures, on the devices at hand, what the planner and the simulator
+// `h2 profile` (docs/architecture.md, "pipeline"): measures, on the devices at hand, what the planner and the simulator
 // otherwise take from a datasheet, and writes a cluster file with the measured figures - so that predictions are
 // about this cluster.
 //

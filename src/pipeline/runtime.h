@@ -1,4 +1,4 @@
-// HeteroPP's runtime (DESIGN.md, "pipeline"): one rank's stage of a pipelined, data-parallel GPT and the
+// HeteroPP's runtime (docs/architecture.md, "pipeline"): one rank's stage of a pipelined, data-parallel GPT and the
 // interpreter of its action list (schedule/schedule.h).
 //
 // Ranks: stage s has dp_s replicas of tp_s tensor-parallel ranks each (StageLayout); stages may differ in both.

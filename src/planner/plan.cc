@@ -2,147 +2,194 @@
 #include "planner/plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/file.h"
-#include "planner/spec.h"
 
 namespace h2 {
+
+namespace {
+
+// plan.json's fields, described once: each visitor sees a field's JSON name and a reference to its value, so
+// writing and reading cannot disagree. `S` is the struct or its const version.
+template <typename S, typename F>
+void visit_model(S& p, F&& f) {
+  f("name", p.model);
+  f("layers", p.shape.layers);
+  f("hidden", p.shape.hidden);
+  f("heads", p.shape.heads);
+  f("kv_heads", p.shape.kv_heads);
+  f("ffn", p.shape.ffn);
+  f("vocab", p.shape.vocab);
+  f("seq_len", p.shape.seq_len);
+  f("tied_embeddings", p.shape.tied_embeddings);
+}
+
+template <typename S, typename F>
+void visit_layout(S& p, F&& f) {
+  f("global_batch", p.global_batch);
+  f("micro_batch", p.micro_batch);
+  f("num_micro_batches", p.num_micro_batches);
+  f("dp", p.dp);
+}
+
+template <typename S, typename F>
+void visit_stage(S& s, F&& f) {
+  f("chip", s.chip);
+  f("tp", s.tp);
+  f("dp", s.dp);
+  f("first_layer", s.first_layer);
+  f("layers", s.layers);
+  f("embedding", s.embedding);
+  f("head", s.head);
+  f("recompute", s.recompute);
+  f("in_flight", s.in_flight);
+  f("forward_s", s.forward_s);
+  f("backward_s", s.backward_s);
+  f("send_s", s.send_s);
+  f("dp_allreduce_s", s.dp_allreduce_s);
+  f("tied_allreduce_s", s.tied_allreduce_s);
+  f("optimizer_s", s.optimizer_s);
+  f("state_bytes", s.state_bytes);
+  f("activation_bytes", s.activation_bytes);
+  f("memory_bytes", s.memory_bytes);
+  f("capacity_bytes", s.capacity_bytes);
+}
+
+template <typename S, typename F>
+void visit_prediction(S& p, F&& f) {
+  f("step_s", p.step_s);
+  f("tokens_per_s", p.tokens_per_s);
+  f("mfu", p.mfu);
+  f("bubble_fraction", p.bubble_fraction);
+  f("devices_used", p.devices_used);
+  f("devices_total", p.devices_total);
+  f("fits", p.fits);
+  f("limited_by", p.limited_by);
+  f("why", p.why);
+}
+
+// Writes every visited field into `j`.
+struct Writer {
+  nlohmann::ordered_json& j;
+  void operator()(const char* name, Recompute r) const { j[name] = recompute_name(r); }
+  template <typename T>
+  void operator()(const char* name, const T& value) const {
+    j[name] = value;
+  }
+};
+
+// Reads every visited field from `j`; an error names the field by its path (`where`) and says what it expected.
+struct Reader {
+  const nlohmann::json& j;
+  const std::string& source;
+  std::string where;
+  [[noreturn]] void fail(const char* name, const std::string& what) const {
+    throw Error(ErrorCode::kConfig, cat(source, ": field '", where, name, "': ", what));
+  }
+  const nlohmann::json& at(const char* name) const {
+    if (!j.contains(name)) fail(name, "missing");
+    return j.at(name);
+  }
+  void operator()(const char* name, Recompute& r) const {
+    const nlohmann::json& v = at(name);
+    const std::optional<Recompute> parsed = v.is_string() ? parse_recompute(v.get<std::string>()) : std::nullopt;
+    if (!parsed) fail(name, cat(v.dump(), " is not a recomputation; use \"none\", \"selective\" or \"full\""));
+    r = *parsed;
+  }
+  template <typename T>
+  void operator()(const char* name, T& value) const {
+    const nlohmann::json& v = at(name);
+    try {
+      value = v.get<T>();
+    } catch (const nlohmann::json::exception&) {
+      fail(name, cat("expected ", expected<T>(), ", got ", v.dump()));
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      if (!std::isfinite(value)) fail(name, cat("must be a finite number, got ", v.dump()));
+    }
+  }
+  template <typename T>
+  static const char* expected() {
+    if constexpr (std::is_same_v<T, bool>) return "true or false";
+    if constexpr (std::is_same_v<T, std::string>) return "a string";
+    if constexpr (std::is_integral_v<T>) return "an integer";
+    return "a number";
+  }
+};
+
+}  // namespace
 
 std::string Plan::to_json() const {
   nlohmann::ordered_json j;
   j["format"] = "h2-plan";
   j["version"] = version;
   j["cluster"] = cluster;
-  j["model"] = {{"name", model},        {"layers", shape.layers},     {"hidden", shape.hidden},
-                {"heads", shape.heads}, {"kv_heads", shape.kv_heads}, {"ffn", shape.ffn},
-                {"vocab", shape.vocab}, {"seq_len", shape.seq_len},   {"tied_embeddings", shape.tied_embeddings}};
-  j["global_batch"] = global_batch;
-  j["micro_batch"] = micro_batch;
-  j["num_micro_batches"] = num_micro_batches;
-  j["dp"] = dp;
-  j["schedule"] = "1f1b";
+  visit_model(*this, Writer{j["model"]});
+  visit_layout(*this, Writer{j});
   nlohmann::ordered_json stages_json = nlohmann::ordered_json::array();
   for (const StagePlan& s : stages) {
-    stages_json.push_back({{"chip", s.chip},
-                           {"tp", s.tp},
-                           {"dp", s.dp},
-                           {"first_layer", s.first_layer},
-                           {"layers", s.layers},
-                           {"embedding", s.embedding},
-                           {"head", s.head},
-                           {"recompute", recompute_name(s.recompute)},
-                           {"in_flight", s.in_flight},
-                           {"forward_s", s.forward_s},
-                           {"backward_s", s.backward_s},
-                           {"send_s", s.send_s},
-                           {"dp_allreduce_s", s.dp_allreduce_s},
-                           {"tied_allreduce_s", s.tied_allreduce_s},
-                           {"optimizer_s", s.optimizer_s},
-                           {"state_bytes", s.state_bytes},
-                           {"activation_bytes", s.activation_bytes},
-                           {"memory_bytes", s.memory_bytes},
-                           {"capacity_bytes", s.capacity_bytes},
-                           {"memory_headroom", s.capacity_bytes > 0 ? 1.0 - s.memory_bytes / s.capacity_bytes : 0.0}});
+    nlohmann::ordered_json st;
+    visit_stage(s, Writer{st});
+    st["memory_headroom"] = s.capacity_bytes > 0 ? 1.0 - s.memory_bytes / s.capacity_bytes : 0.0;  // derived
+    stages_json.push_back(st);
   }
   j["stages"] = stages_json;
-  j["prediction"] = {{"step_s", step_s},
-                     {"tokens_per_s", tokens_per_s},
-                     {"mfu", mfu},
-                     {"bubble_fraction", bubble_fraction},
-                     {"devices_used", devices_used},
-                     {"devices_total", devices_total},
-                     {"fits", fits},
-                     {"limited_by", limited_by},
-                     {"why", why}};
+  visit_prediction(*this, Writer{j["prediction"]});
   return j.dump(2) + "\n";
 }
 
 Plan Plan::from_json(const std::string& text, const std::string& source) {
-  Plan p;
-  std::string field;
+  nlohmann::json j;
   try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    field = "format";
-    if (j.at("format") != "h2-plan")
-      throw Error(ErrorCode::kConfig, cat(source, ": not an H2 plan (format is not h2-plan)"));
-    field = "version";
-    p.version = j.at("version").get<int>();
-    if (p.version != kPlanVersion) {
-      throw Error(ErrorCode::kConfig,
-                  cat(source, ": plan version ", p.version, "; this build reads version ", kPlanVersion));
-    }
-    field = "cluster";
-    p.cluster = j.at("cluster").get<std::string>();
-    const auto& m = j.at("model");
-    field = "model";
-    p.model = m.at("name").get<std::string>();
-    p.shape = TransformerShape{m.at("layers").get<int64_t>(),  m.at("hidden").get<int64_t>(),
-                               m.at("heads").get<int64_t>(),   m.at("kv_heads").get<int64_t>(),
-                               m.at("ffn").get<int64_t>(),     m.at("vocab").get<int64_t>(),
-                               m.at("seq_len").get<int64_t>(), m.at("tied_embeddings").get<bool>()};
-    field = "global_batch";
-    p.global_batch = j.at("global_batch").get<int64_t>();
-    field = "micro_batch";
-    p.micro_batch = j.at("micro_batch").get<int>();
-    field = "num_micro_batches";
-    p.num_micro_batches = j.at("num_micro_batches").get<int>();
-    field = "dp";
-    p.dp = j.at("dp").get<int>();
-    int next_layer = 0;
-    for (size_t i = 0; i < j.at("stages").size(); ++i) {
-      field = cat("stages[", i, "]");
-      const auto& s = j.at("stages")[i];
-      StagePlan st;
-      st.chip = s.at("chip").get<std::string>();
-      st.tp = s.at("tp").get<int>();
-      st.dp = s.at("dp").get<int>();
-      st.first_layer = s.at("first_layer").get<int>();
-      st.layers = s.at("layers").get<int>();
-      st.embedding = s.at("embedding").get<bool>();
-      st.head = s.at("head").get<bool>();
-      const std::string r = s.at("recompute").get<std::string>();
-      st.recompute = r == "full" ? Recompute::kFull : r == "selective" ? Recompute::kSelective : Recompute::kNone;
-      st.in_flight = s.at("in_flight").get<int>();
-      st.forward_s = s.at("forward_s").get<double>();
-      st.backward_s = s.at("backward_s").get<double>();
-      st.send_s = s.at("send_s").get<double>();
-      st.dp_allreduce_s = s.at("dp_allreduce_s").get<double>();
-      st.tied_allreduce_s = s.value("tied_allreduce_s", 0.0);  // absent from plans written before it was modelled
-      st.optimizer_s = s.at("optimizer_s").get<double>();
-      st.state_bytes = s.at("state_bytes").get<double>();
-      st.activation_bytes = s.at("activation_bytes").get<double>();
-      st.memory_bytes = s.at("memory_bytes").get<double>();
-      st.capacity_bytes = s.at("capacity_bytes").get<double>();
-      if (st.tp < 1 || st.dp < 1 || st.layers < 0 || st.first_layer != next_layer || st.forward_s < 0 ||
-          st.backward_s < 0 || st.tied_allreduce_s < 0) {
-        throw Error(ErrorCode::kConfig, cat(source, ": ", field,
-                                            ": inconsistent stage (tp, dp >= 1; layers contiguous "
-                                            "from 0; times >= 0)"));
-      }
-      next_layer += st.layers;
-      p.stages.push_back(st);
-    }
-    field = "stages";
-    if (p.stages.empty() || next_layer != p.shape.layers) {
-      throw Error(ErrorCode::kConfig,
-                  cat(source, ": stages cover ", next_layer, " of the model's ", p.shape.layers, " layers"));
-    }
-    const auto& pr = j.at("prediction");
-    field = "prediction";
-    p.step_s = pr.at("step_s").get<double>();
-    p.tokens_per_s = pr.at("tokens_per_s").get<double>();
-    p.mfu = pr.at("mfu").get<double>();
-    p.bubble_fraction = pr.at("bubble_fraction").get<double>();
-    p.devices_used = pr.at("devices_used").get<int>();
-    p.devices_total = pr.at("devices_total").get<int>();
-    p.fits = pr.at("fits").get<bool>();
-    p.limited_by = pr.at("limited_by").get<std::string>();
-    p.why = pr.at("why").get<std::string>();
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kConfig, cat(source, ": field '", field, "': ", e.what()));
+    throw Error(ErrorCode::kConfig, cat(source, ": not valid JSON: ", e.what()));
   }
+  if (!j.is_object()) throw Error(ErrorCode::kConfig, cat(source, ": not an H2 plan (not a JSON object)"));
+  Plan p;
+  const Reader top{j, source, ""};
+  std::string format;
+  top("format", format);
+  if (format != "h2-plan") throw Error(ErrorCode::kConfig, cat(source, ": not an H2 plan (format is not h2-plan)"));
+  top("version", p.version);
+  if (p.version != kPlanVersion) {
+    throw Error(ErrorCode::kConfig,
+                cat(source, ": plan version ", p.version, "; this build reads version ", kPlanVersion));
+  }
+  top("cluster", p.cluster);
+  const auto object = [&](const nlohmann::json& parent, const char* name, const std::string& where) {
+    const nlohmann::json& v = Reader{parent, source, where}.at(name);
+    if (!v.is_object()) Reader{parent, source, where}.fail(name, "expected an object");
+    return Reader{v, source, cat(where, name, ".")};
+  };
+  visit_model(p, object(j, "model", ""));
+  visit_layout(p, top);
+  const nlohmann::json& stages = top.at("stages");
+  if (!stages.is_array()) top.fail("stages", "expected a list");
+  int next_layer = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const std::string where = cat("stages[", i, "].");
+    if (!stages[i].is_object()) top.fail(cat("stages[", i, "]").c_str(), "expected an object");
+    StagePlan st;
+    visit_stage(st, Reader{stages[i], source, where});
+    if (st.tp < 1 || st.dp < 1 || st.layers < 0 || st.first_layer != next_layer || st.forward_s < 0 ||
+        st.backward_s < 0 || st.tied_allreduce_s < 0) {
+      throw Error(ErrorCode::kConfig, cat(source, ": stages[", i,
+                                          "]: inconsistent stage (tp, dp >= 1; layers contiguous from 0; times >= 0)"));
+    }
+    next_layer += st.layers;
+    p.stages.push_back(st);
+  }
+  if (p.stages.empty() || next_layer != p.shape.layers) {
+    throw Error(ErrorCode::kConfig,
+                cat(source, ": stages cover ", next_layer, " of the model's ", p.shape.layers, " layers"));
+  }
+  visit_prediction(p, object(j, "prediction", ""));
   if (p.micro_batch < 1 || p.num_micro_batches < 1 || p.dp < 1) {
     throw Error(ErrorCode::kConfig, cat(source, ": micro_batch, num_micro_batches and dp must be >= 1"));
   }

@@ -12,17 +12,12 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/units.h"
 
 namespace h2 {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-std::string gib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f GiB", bytes / 1073741824.0);
-  return buf;
-}
 
 // Per-stage quantities that do not depend on the number of layers.
 struct StageTerms {
@@ -153,9 +148,10 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
         const double need =
             t.fixed_bytes + n * (t.state_layer_bytes + t.in_flight * t.act_layer_bytes[static_cast<int>(r)]);
         failure->shortfall_bytes = need - t.usable_bytes;
-        failure->what = cat(describe_stage(c, i, t), " with ", n, " layers needs ", gib(need), " per device even with ",
-                            recompute_name(r), " recomputation; it has ", gib(t.usable_bytes), " usable (short by ",
-                            gib(need - t.usable_bytes), ")");
+        failure->what =
+            cat(describe_stage(c, i, t), " with ", n, " layers needs ", format_bytes(need), " per device even with ",
+                recompute_name(r), " recomputation; it has ", format_bytes(t.usable_bytes), " usable (short by ",
+                format_bytes(need - t.usable_bytes), ")");
       }
       return std::nullopt;
     }
@@ -344,12 +340,6 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
 
 }  // namespace
 
-std::optional<Plan> plan_layout(const CostModel& c, const Layout& layout, FitFailure* failure) {
-  const std::optional<Split> split = balanced_split(c, layout, failure);
-  if (!split) return std::nullopt;
-  return score_split(c, layout, split->layers, failure);
-}
-
 std::optional<Plan> plan_uniform(const CostModel& c, const Layout& layout, FitFailure* failure) {
   const int p = static_cast<int>(layout.stages.size());
   const int64_t L = c.model().layers;
@@ -457,8 +447,8 @@ struct Search {
       for (const auto& s : l.stages) have += s.tp * c.usable_bytes(s.chip);
       FitFailure f;
       const double need = c.model().layers * c.layer_state_bytes(1, l.dp);
-      f.what = cat("the layers' weights, gradients and optimizer state need ", gib(need),
-                   " per pipeline but a layout of ", l.stages.size(), " stages holds ", gib(have));
+      f.what = cat("the layers' weights, gradients and optimizer state need ", format_bytes(need),
+                   " per pipeline but a layout of ", l.stages.size(), " stages holds ", format_bytes(have));
       f.shortfall_bytes = need - have;
       std::lock_guard<std::mutex> lock(mu);
       if (closest.what.empty() || f.shortfall_bytes < closest.shortfall_bytes) closest = f;
@@ -653,10 +643,10 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
       const double need = c.layer_state_bytes(t, 1) + c.layer_activation_bytes(t, 1, Recompute::kFull);
       if (need - c.usable_bytes(chip) < least) {
         least = need - c.usable_bytes(chip);
-        search.closest.what =
-            cat("one layer needs ", gib(need), " per device on chip type ",
-                c.cluster().chips[static_cast<size_t>(chip)].name, " at TP ", t, " with full recomputation; it has ",
-                gib(c.usable_bytes(chip)), " usable (short by ", gib(need - c.usable_bytes(chip)), ")");
+        search.closest.what = cat("one layer needs ", format_bytes(need), " per device on chip type ",
+                                  c.cluster().chips[static_cast<size_t>(chip)].name, " at TP ", t,
+                                  " with full recomputation; it has ", format_bytes(c.usable_bytes(chip)),
+                                  " usable (short by ", format_bytes(need - c.usable_bytes(chip)), ")");
       }
     }
   }

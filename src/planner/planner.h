@@ -1,5 +1,5 @@
-// HeteroAuto's search (DESIGN.md, "planner"): which devices form which pipeline stages, and which layers each
-// stage runs, so that one training step on a mixed cluster is as fast as possible.
+// HeteroAuto's search (docs/architecture.md, "planner"): which devices form which pipeline stages, and which layers
+// each stage runs, so that one training step on a mixed cluster is as fast as possible.
 //
 // Stage 1 enumerates resource layouts: the data-parallel width (number of pipelines), the micro-batch size,
 // and for each chip type its TP degree and its number of stages, with the chip types in some order along the
@@ -63,8 +63,6 @@ Plan plan_training(const CostModel& costs, const PlannerOptions& options, Search
 // Scores a layout with the given layers per stage (recomputation: each stage's fastest choice that fits).
 std::optional<Plan> score_split(const CostModel& costs, const Layout& layout, const std::vector<int>& layers,
                                 FitFailure* failure = nullptr);
-// The balanced split of stage 2 (see above), or nullopt with the reason.
-std::optional<Plan> plan_layout(const CostModel& costs, const Layout& layout, FitFailure* failure = nullptr);
 // The uniform split on a layout: layers divided as evenly as possible (the baseline HeteroAuto is measured against).
 std::optional<Plan> plan_uniform(const CostModel& costs, const Layout& layout, FitFailure* failure = nullptr);
 

@@ -1,7 +1,7 @@
 // Loading and checking cluster, model and training files.
 #include "planner/spec.h"
 
-#include <sstream>
+#include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
 
@@ -27,18 +27,6 @@ int64_t positive_int(const ConfigNode& node, const char* key) {
 }
 
 }  // namespace
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::kNone:
-      return "none";
-    case Recompute::kSelective:
-      return "selective";
-    case Recompute::kFull:
-      return "full";
-  }
-  return "?";
-}
 
 int Cluster::chip_index(const std::string& n) const {
   for (size_t i = 0; i < chips.size(); ++i) {
@@ -84,29 +72,41 @@ Cluster Cluster::only(int chip) const {
   return c;
 }
 
+// Written with yaml-cpp's emitter, which quotes what needs quoting (a vendor named "Acme, Inc."), in the flow
+// style of the shipped examples: one line per chip, group and link.
 std::string cluster_to_yaml(const Cluster& c) {
-  std::ostringstream y;
-  y.precision(6);
-  y << "name: " << c.name << "\nchips:\n";
+  YAML::Emitter y;
+  y.SetDoublePrecision(6);
+  y << YAML::BeginMap << YAML::Key << "name" << YAML::Value << c.name;
+  y << YAML::Key << "chips" << YAML::Value << YAML::BeginSeq;
   for (const ChipType& t : c.chips) {
-    y << "  - {name: " << t.name << ", vendor: " << t.vendor << ", peak_tflops: " << t.peak_tflops
-      << ", efficiency: " << t.efficiency << ", memory_gib: " << t.memory_gib
-      << ", memory_bandwidth_gbps: " << t.memory_bandwidth_gbps << ", host_link_gbps: " << t.host_link_gbps << "}\n";
+    y << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << t.name << YAML::Key << "vendor"
+      << YAML::Value << t.vendor << YAML::Key << "peak_tflops" << YAML::Value << t.peak_tflops << YAML::Key
+      << "efficiency" << YAML::Value << t.efficiency << YAML::Key << "memory_gib" << YAML::Value << t.memory_gib
+      << YAML::Key << "memory_bandwidth_gbps" << YAML::Value << t.memory_bandwidth_gbps << YAML::Key << "host_link_gbps"
+      << YAML::Value << t.host_link_gbps << YAML::EndMap;
   }
-  y << "groups:\n";
+  y << YAML::EndSeq << YAML::Key << "groups" << YAML::Value << YAML::BeginSeq;
   for (const NodeGroup& g : c.groups) {
-    y << "  - {chip: " << c.chips[static_cast<size_t>(g.chip)].name << ", nodes: " << g.nodes
-      << ", chips_per_node: " << g.chips_per_node << ", intra_node_gbps: " << g.intra_node_gbps
-      << ", intra_node_latency_us: " << g.intra_node_latency_us << ", nic_gbps: " << g.nic_gbps
-      << ", nic_latency_us: " << g.nic_latency_us << "}\n";
+    y << YAML::Flow << YAML::BeginMap << YAML::Key << "chip" << YAML::Value << c.chips[static_cast<size_t>(g.chip)].name
+      << YAML::Key << "nodes" << YAML::Value << g.nodes << YAML::Key << "chips_per_node" << YAML::Value
+      << g.chips_per_node << YAML::Key << "intra_node_gbps" << YAML::Value << g.intra_node_gbps << YAML::Key
+      << "intra_node_latency_us" << YAML::Value << g.intra_node_latency_us << YAML::Key << "nic_gbps" << YAML::Value
+      << g.nic_gbps << YAML::Key << "nic_latency_us" << YAML::Value << g.nic_latency_us << YAML::EndMap;
   }
-  if (!c.links.empty()) y << "links:\n";
-  for (const GroupLink& l : c.links) {
-    y << "  - {between: [" << c.chips[static_cast<size_t>(l.a)].name << ", " << c.chips[static_cast<size_t>(l.b)].name
-      << "], bandwidth_gbps: " << l.bandwidth_gbps << ", latency_us: " << l.latency_us
-      << ", device_direct: " << (l.device_direct ? "true" : "false") << "}\n";
+  y << YAML::EndSeq;
+  if (!c.links.empty()) {
+    y << YAML::Key << "links" << YAML::Value << YAML::BeginSeq;
+    for (const GroupLink& l : c.links) {
+      y << YAML::Flow << YAML::BeginMap << YAML::Key << "between" << YAML::Value << YAML::Flow << YAML::BeginSeq
+        << c.chips[static_cast<size_t>(l.a)].name << c.chips[static_cast<size_t>(l.b)].name << YAML::EndSeq << YAML::Key
+        << "bandwidth_gbps" << YAML::Value << l.bandwidth_gbps << YAML::Key << "latency_us" << YAML::Value
+        << l.latency_us << YAML::Key << "device_direct" << YAML::Value << l.device_direct << YAML::EndMap;
+    }
+    y << YAML::EndSeq;
   }
-  return y.str();
+  y << YAML::EndMap;
+  return std::string(y.c_str()) + "\n";
 }
 
 Cluster load_cluster(const ConfigNode& root) {
@@ -185,7 +185,7 @@ TransformerShape load_model(const ConfigNode& root) {
   return s;
 }
 
-TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape&) {
+TrainSetup load_train_setup(const ConfigNode& root) {
   root.allow_only({"global_batch", "precision", "recompute", "zero1", "micro_batches", "max_tp"});
   TrainSetup t;
   t.global_batch = positive_int(root, "global_batch");
@@ -198,15 +198,9 @@ TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape&) {
   if (auto r = root.find("recompute")) {
     t.allowed_recompute.clear();
     for (const ConfigNode& item : r->items()) {
-      const std::string v = item.as_string();
-      if (v == "none")
-        t.allowed_recompute.push_back(Recompute::kNone);
-      else if (v == "selective")
-        t.allowed_recompute.push_back(Recompute::kSelective);
-      else if (v == "full")
-        t.allowed_recompute.push_back(Recompute::kFull);
-      else
-        item.fail(cat("unknown recomputation '", v, "'; use none, selective or full"));
+      const std::optional<Recompute> v = parse_recompute(item.as_string());
+      if (!v) item.fail(cat("unknown recomputation '", item.as_string(), "'; use none, selective or full"));
+      t.allowed_recompute.push_back(*v);
     }
     if (t.allowed_recompute.empty()) r->fail("allows no recomputation choice; list at least 'none'");
   }

@@ -1,7 +1,7 @@
-// The planner's inputs (DESIGN.md, "planner"): a cluster, a model and a training setup, each from a YAML file
-// documented in docs/planner.md. Every loader checks what it reads and its errors name the file, the line and
-// the field (an unknown chip type, a size that is zero or negative, heads that do not divide hidden, an empty
-// cluster, ...).
+// The planner's inputs (docs/architecture.md, "planner"): a cluster, a model and a training setup, each from a YAML
+// file documented in docs/planner.md. Every loader checks what it reads and its errors name the file, the line and the
+// field (an unknown chip type, a size that is zero or negative, heads that do not divide hidden, an empty cluster,
+// ...).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/units.h"
 #include "model/costs.h"
 
 namespace h2 {
@@ -23,7 +24,7 @@ struct ChipType {
   double host_link_gbps = 25;        // device <-> host (PCIe), GB/s: the path of host-staged transfers
 
   double flops_per_second() const { return peak_tflops * 1e12 * efficiency; }
-  double memory_bytes() const { return memory_gib * 1073741824.0; }
+  double memory_bytes() const { return memory_gib * kBytesPerGiB; }
 };
 
 struct NodeGroup {
@@ -78,8 +79,6 @@ Cluster load_cluster(const ConfigNode& root);
 // The YAML load_cluster reads (h2 profile writes measured clusters with it).
 std::string cluster_to_yaml(const Cluster& cluster);
 TransformerShape load_model(const ConfigNode& root);
-TrainSetup load_train_setup(const ConfigNode& root, const TransformerShape& model);
-
-const char* recompute_name(Recompute r);
+TrainSetup load_train_setup(const ConfigNode& root);
 
 }  // namespace h2

@@ -1,4 +1,4 @@
-// Pipeline schedules as data (DESIGN.md, "pipeline"; the IR of PyTorch's pipelining schedules): per rank, an
+// Pipeline schedules as data (docs/architecture.md, "pipeline"; the IR of PyTorch's pipelining schedules): per rank, an
 // ordered list of actions. An action prints and parses as text — "2F0" is stage 2's forward of micro-batch 0,
 // "2B0" its backward, "2SEND_F0"/"2RECV_F0" move micro-batch 0's activation, "2SEND_B0"/"2RECV_B0" its
 // gradient, "2REDUCE_GRAD" reduces stage 2's gradients over its data-parallel group, "2OPTIM" steps its

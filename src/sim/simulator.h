@@ -1,5 +1,5 @@
-// The discrete-event simulator (DESIGN.md, "planner and simulator"): replays a plan's pipeline schedule event
-// by event — each stage's compute in its schedule's order, each activation and gradient over its link, the
+// The discrete-event simulator (docs/architecture.md, "planner and simulator"): replays a plan's pipeline schedule
+// event by event — each stage's compute in its schedule's order, each activation and gradient over its link, the
 // gradient all-reduce and the optimizer step — and returns the step time, the bubble, each device's busy time
 // and peak memory, and a Chrome/Perfetto trace. It judges the planner, whose 1F1B step time is a closed form.
 //

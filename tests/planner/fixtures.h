@@ -46,7 +46,7 @@ class Hetero1024 : public ::testing::Test {
     const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
     cluster_ = load_cluster(ConfigNode::load_file(dir + "cluster_hetero1024.yaml"));
     model_ = load_model(ConfigNode::load_file(dir + "model_100b.yaml"));
-    train_ = load_train_setup(ConfigNode::load_file(dir + "train_100b.yaml"), model_);
+    train_ = load_train_setup(ConfigNode::load_file(dir + "train_100b.yaml"));
   }
   Cluster cluster_;
   TransformerShape model_;

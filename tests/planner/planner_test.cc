@@ -28,7 +28,7 @@ TEST(Spec, ShippedExamplesLoad) {
   EXPECT_EQ(c.chips.size(), 4u);
   const TransformerShape m = load_model(ConfigNode::load_file(dir + "model_100b.yaml"));
   EXPECT_NEAR(static_cast<double>(total_params(m)), 101.2e9, 0.1e9);
-  EXPECT_EQ(load_train_setup(ConfigNode::load_file(dir + "train_100b.yaml"), m).global_batch, 1024);
+  EXPECT_EQ(load_train_setup(ConfigNode::load_file(dir + "train_100b.yaml")).global_batch, 1024);
 }
 
 TEST(Spec, BadInputNamesFileAndField) {
@@ -74,9 +74,31 @@ TEST(Spec, BadInputNamesFileAndField) {
           ErrorCode::kConfig),
       HasSubstr("m.yaml:3:8: field 'heads': 3 heads do not divide hidden = 100"));
   EXPECT_THAT(
-      error_of([] { load_train_setup(ConfigNode::parse_string("global_batch: 0\n", "t.yaml"), small_model(2)); },
-               ErrorCode::kConfig),
+      error_of([] { load_train_setup(ConfigNode::parse_string("global_batch: 0\n", "t.yaml")); }, ErrorCode::kConfig),
       HasSubstr("field 'global_batch': must be a positive integer"));
+}
+
+// The cluster file h2 profile writes loads back as the same cluster, whatever characters its names hold.
+TEST(Spec, ClusterYamlRoundTripsAwkwardNames) {
+  Cluster c = cluster_of(kSmallCluster);
+  c.name = "lab: rack #3";
+  c.chips[0].vendor = "Acme, Inc.";
+  c.chips[1].name = "Y [v2]";
+  c.chips[2].efficiency = 0.123456;
+  const Cluster back = load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "written.yaml"));
+  EXPECT_EQ(back.name, c.name);
+  ASSERT_EQ(back.chips.size(), 3u);
+  EXPECT_EQ(back.chips[0].vendor, "Acme, Inc.");
+  EXPECT_EQ(back.chips[1].name, "Y [v2]");
+  EXPECT_DOUBLE_EQ(back.chips[2].efficiency, 0.123456);
+  ASSERT_EQ(back.links.size(), 3u);
+  EXPECT_EQ(back.links[0].a, 0);
+  EXPECT_EQ(back.links[0].b, 1);
+  EXPECT_FALSE(back.links[0].device_direct);
+  EXPECT_TRUE(back.links[1].device_direct);
+  EXPECT_EQ(back.groups[1].nodes, 2);
+  EXPECT_DOUBLE_EQ(back.groups[2].intra_node_gbps, 80);
+  EXPECT_EQ(cluster_to_yaml(back), cluster_to_yaml(c));
 }
 
 TEST(CostModel, MatchesClosedForms) {
@@ -216,6 +238,16 @@ TEST(Plan, JsonRoundTripAndVersion) {
               HasSubstr("p.json: plan version 9"));
   EXPECT_THAT(error_of([&] { Plan::from_json("{\"format\": \"h2-plan\"}", "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: field 'version'"));
+  // An unknown enum value or a wrong type is an error naming the field, never a silent default.
+  std::string bad = plan.to_json();
+  bad.replace(bad.find("\"recompute\": \""), 14, "\"recompute\": \"partial\", \"x\": \"");
+  EXPECT_THAT(error_of([&] { Plan::from_json(bad, "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: field 'stages[0].recompute': \"partial\" is not a recomputation"));
+  bad = plan.to_json();
+  bad.replace(bad.find("\"tp\": "), 6, "\"tp\": \"two\", \"y\": ");
+  EXPECT_THAT(error_of([&] { Plan::from_json(bad, "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: field 'stages[0].tp': expected an integer, got \"two\""));
+  EXPECT_THAT(error_of([&] { Plan::from_json("[1]", "p.json"); }, ErrorCode::kConfig), HasSubstr("not an H2 plan"));
 }
 
 }  // namespace

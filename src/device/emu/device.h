@@ -1,6 +1,7 @@
 // The `emu` device: an emulated chip. It runs the cpu backend's kernels on this host, refuses allocations
 // past the capacity of the chip it emulates, and paces its work so that op times follow the chip's profile.
-// This is how a heterogeneous cluster is reproduced on one machine (DESIGN.md); it is an emulation and says so.
+// This is how a heterogeneous cluster is reproduced on one machine (docs/architecture.md); it is an emulation and says
+// so.
 //
 // How pacing works. A profile gives the chip's speed relative to this host's cpu backend (0 < speed <= 1) and
 // optionally its copy bandwidth. After each kernel the device measures the kernel's time t (the calling

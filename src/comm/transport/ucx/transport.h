@@ -1,4 +1,4 @@
-// The UCX transport (DESIGN.md, "comm"): one UCP worker per rank, tagged messages through UCX's tag-matching
+// The UCX transport (docs/architecture.md, "comm"): one UCP worker per rank, tagged messages through UCX's tag-matching
 // API, which picks shared memory between ranks of one host and TCP (or verbs, where the hardware exists) across
 // hosts. Worker addresses are exchanged through the rendezvous store; endpoints are created on first send.
 //
