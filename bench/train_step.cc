@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   const OptimizerState optimizer{dev->zeros(DType::kF32, {model.num_params()}),
                                  dev->zeros(DType::kF32, {model.num_params()})};
   Tensor tokens = dev->empty(DType::kI32, {B, T}), targets = dev->empty(DType::kI32, {B, T});
+  Tensor acc = dev->zeros(DType::kF32, {1});
   Rng rng(3);
   for (int64_t i = 0; i < tokens.numel(); ++i) {
     tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(50257));
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
     model.forward(tokens);
     model.loss(targets);
     model.backward();
-    adamw_step(model, optimizer, AdamwParams{.lr = 1e-4f, .weight_decay = 0.1f, .step = t});
+    optimizer_step(model, optimizer, AdamwParams{.lr = 1e-4f, .weight_decay = 0.1f, .step = t}, acc, {.max_norm = 0});
   };
   step(1);  // warm-up
   std::vector<double> times;

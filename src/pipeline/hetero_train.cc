@@ -135,11 +135,7 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
   if (run.resume) {
     const std::string latest = latest_checkpoint(checkpoint_dir);
     const CheckpointState state = read_checkpoint_state(latest);
-    const GptConfig& m = state.model;
-    if (m.n_layer != c.model.n_layer || m.n_embd != c.model.n_embd || m.n_head != c.model.n_head ||
-        m.vocab_size != c.model.vocab_size) {
-      throw Error(ErrorCode::kConfig, cat(latest, ": the checkpoint is of another model than the one configured"));
-    }
+    check_checkpoint_model(state, c.model, latest);
     std::vector<float> mom, vel;
     load_checkpoint_by_name(latest, runner.model(), &mom, &vel);
     runner.set_optimizer_state(mom, vel);

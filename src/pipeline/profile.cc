@@ -11,6 +11,7 @@
 #include "ops/ops.h"
 #include "pipeline/hetero_train.h"
 #include "planner/cost_model.h"
+#include "train/optimizer.h"
 
 namespace h2 {
 
@@ -48,13 +49,12 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   block.init(1);
   Gpt head(config, *device, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
   head.init(1);
-  // The optimizer step as the runtime takes it (pipeline/runtime.cc): the gradient's squared norm, clipping,
-  // AdamW. The cost model charges it optimizer_traffic_bytes per parameter of memory traffic (f32: 40), so the
-  // rate measured here is the memory bandwidth that makes that formula true on this chip.
-  const int64_t n = int64_t{4} << 20;
-  Tensor w = device->zeros(DType::kF32, {n}), mo = device->zeros(DType::kF32, {n}),
-         ve = device->zeros(DType::kF32, {n}), g = device->zeros(DType::kF32, {n}),
-         norm = device->zeros(DType::kF32, {1});
+  // The optimizer step as every trainer takes it (train/optimizer.h: norm, clipping, AdamW), over the head's
+  // parameters. The cost model charges it optimizer_traffic_bytes per parameter of memory traffic (f32: 40), so
+  // the rate measured here is the memory bandwidth that makes that formula true on this chip.
+  const int64_t n = head.num_params();
+  const OptimizerState state{device->zeros(DType::kF32, {n}), device->zeros(DType::kF32, {n})};
+  Tensor acc = device->zeros(DType::kF32, {1});
   const auto timed = [&](const std::function<void()>& fn) {
     const double t0 = monotonic_seconds();
     fn();
@@ -76,11 +76,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       head.loss(targets);
       head.backward();
     });
-    const double o = timed([&] {
-      ops::global_norm_squared(norm, g);
-      ops::scale(g, 0.5f);
-      ops::adamw_update(w, mo, ve, g, AdamwParams{});
-    });
+    const double o = timed([&] { optimizer_step(head, state, AdamwParams{}, acc, {.max_norm = 1e-6}); });
     if (round == 0) continue;
     layer.push_back(l);
     head_s.push_back(h);

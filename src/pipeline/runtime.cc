@@ -306,75 +306,42 @@ void StageRunner::reduce_gradients() {
 }
 
 void StageRunner::optimize(AdamwParams hp) {
-  // Each tensor once in the norm: the last stage's copy of the tied embedding is the first stage's, and tensors
-  // that tensor parallelism replicates count on TP rank 0 only.
-  auto counted = [&](const Gpt::Param& p) {
-    return !(last_ && !first_ && p.name == "wte.weight") && (p.split != TpSplit::kNone || place_.t == 0);
+  // Each tensor once in the norm: the last stage's copy of the tied embedding is the first stage's, tensors that
+  // tensor parallelism replicates count on TP rank 0 only, and without ZeRO-1 (every replica holds the same
+  // sums) replica 0 counts for its stage.
+  OptimizerStepOptions o{.max_norm = options_.grad_clip};
+  o.counted = [&](const Gpt::Param& p) {
+    return (options_.zero1 || place_.replica == 0) && !(last_ && !first_ && p.name == "wte.weight") &&
+           (p.split != TpSplit::kNone || place_.t == 0);
+  };
+  o.sum_over_ranks = [&](double local) {
+    float total = static_cast<float>(local);
+    comms_.all.all_reduce(&total, 1, DType::kF32, ReduceOp::kSum);
+    return static_cast<double>(total);
   };
   const Tensor& flat_grads = model_->flat_grads();
   const int64_t n = model_->num_params();
-  double norm_sq = 0;
-  std::vector<float> shard;  // ZeRO-1: this replica's summed gradient shard
-  int64_t lo = 0, hi = n;
   if (options_.zero1) {
-    const int d = comms_.dp.rank(), D = comms_.dp.size();
+    // This replica's shard of the summed gradients: reduce-scatter over the stage's replicas (the last shard padded).
+    const int D = comms_.dp.size();
     const int64_t s = optimizer_.m.numel();
-    lo = std::min<int64_t>(n, d * s);
-    hi = std::min<int64_t>(n, lo + s);
-    std::vector<float> padded(static_cast<size_t>(s * D), 0.0f);
+    o.lo = std::min<int64_t>(n, comms_.dp.rank() * s);
+    o.hi = std::min<int64_t>(n, o.lo + s);
+    std::vector<float> padded(static_cast<size_t>(s * D), 0.0f), shard(static_cast<size_t>(s));
     copy_to_host(padded.data(), flat_grads);
-    shard.resize(static_cast<size_t>(s));
     comms_.dp.reduce_scatter(shard.data(), padded.data(), static_cast<size_t>(s), DType::kF32, ReduceOp::kSum);
-    int64_t offset = 0;
-    for (const Gpt::Param& p : model_->params()) {
-      const int64_t a = std::max(offset, lo), b = std::min(offset + p.value.numel(), hi);
-      if (counted(p)) {
-        for (int64_t i = a; i < b; ++i) norm_sq += double(shard[size_t(i - lo)]) * shard[size_t(i - lo)];
-      }
-      offset += p.value.numel();
-    }
-  } else if (place_.replica == 0) {  // the replicas hold the same sums: one counts them
-    const float zero = 0.0f;
-    copy_from_host(norm_acc_, &zero);
-    for (const Gpt::Param& p : model_->params()) {
-      if (counted(p)) ops::global_norm_squared(norm_acc_, p.grad);
-    }
-    float local = 0;
-    copy_to_host(&local, norm_acc_);
-    norm_sq = local;
+    if (o.hi > o.lo) copy_from_host(flat_grads.slice(o.lo, o.hi), shard.data());
   }
-  float total = static_cast<float>(norm_sq);
-  comms_.all.all_reduce(&total, 1, DType::kF32, ReduceOp::kSum);
-  grad_norm_ = std::sqrt(static_cast<double>(total));
-  if (!std::isfinite(grad_norm_)) {
-    throw Error(ErrorCode::kInternal, cat("pipeline stage ", place_.stage,
-                                          ": the gradient norm is not finite; lower "
-                                          "optim.lr or set optim.grad_clip"));
+  try {
+    grad_norm_ = optimizer_step(*model_, optimizer_, hp, norm_acc_, o);
+  } catch (const Error& e) {
+    throw Error(e.code(), cat("pipeline stage ", place_.stage, ": ", e.what()));
   }
-  const float clip = options_.grad_clip > 0 && grad_norm_ > options_.grad_clip
-                         ? static_cast<float>(options_.grad_clip / grad_norm_)
-                         : 1.0f;
-  if (!options_.zero1) {
-    if (clip != 1.0f) ops::scale(flat_grads, clip);
-    adamw_step(*model_, optimizer_, hp);
-    return;
-  }
-  for (float& g : shard) g *= clip;
-  if (hi > lo) copy_from_host(flat_grads.slice(lo, hi), shard.data());
-  int64_t offset = 0;
-  for (const Gpt::Param& p : model_->params()) {
-    const int64_t a = std::max(offset, lo), b = std::min(offset + p.value.numel(), hi);
-    if (a < b) {
-      AdamwParams param_hp = hp;
-      if (!p.weight_decay) param_hp.weight_decay = 0.0f;
-      ops::adamw_update(model_->flat_params().slice(a, b), optimizer_.m.slice(a - lo, b - lo),
-                        optimizer_.v.slice(a - lo, b - lo), flat_grads.slice(a, b), param_hp);
-    }
-    offset += p.value.numel();
-  }
+  if (!options_.zero1) return;
+  // Every replica takes the others' updated shards.
   const size_t s = static_cast<size_t>(optimizer_.m.numel());
   std::vector<float> mine(s, 0.0f), all(s * static_cast<size_t>(comms_.dp.size()));
-  if (hi > lo) copy_to_host(mine.data(), model_->flat_params().slice(lo, hi));
+  if (o.hi > o.lo) copy_to_host(mine.data(), model_->flat_params().slice(o.lo, o.hi));
   comms_.dp.all_gather(all.data(), mine.data(), s, DType::kF32);
   copy_from_host(model_->flat_params(), all.data());
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -178,6 +179,21 @@ CheckpointState read_checkpoint_state(const std::string& checkpoint) {
     throw Error(ErrorCode::kIo, cat(path, ": malformed checkpoint state: ", e.what()));
   }
   return state;
+}
+
+void check_checkpoint_model(const CheckpointState& state, const GptConfig& config, const std::string& checkpoint) {
+  const GptConfig& m = state.model;
+  for (auto [saved, want, name] : {std::tuple{m.n_layer, config.n_layer, "n_layer"},
+                                   {m.n_head, config.n_head, "n_head"},
+                                   {m.n_embd, config.n_embd, "n_embd"},
+                                   {m.vocab_size, config.vocab_size, "vocab_size"},
+                                   {m.seq_len, config.seq_len, "seq_len"}}) {
+    if (saved != want) {
+      throw Error(ErrorCode::kConfig,
+                  cat(checkpoint, ": the checkpoint is of another model: its ", name, " is ", saved,
+                      ", the configured model's ", want, "; resume with the model it was saved from"));
+    }
+  }
 }
 
 void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vector<float>* m, std::vector<float>* v) {

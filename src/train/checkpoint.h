@@ -18,6 +18,7 @@
 #include "core/tensor.h"
 #include "model/dataset.h"
 #include "model/gpt.h"
+#include "train/optimizer.h"
 
 namespace h2 {
 
@@ -28,11 +29,6 @@ struct CheckpointState {
   GptConfig model;
   LoaderPosition data;
   uint64_t data_seed = 0;
-};
-
-// The optimizer state saved with the model: one m and one v tensor per parameter, flat like the parameters.
-struct OptimizerState {
-  Tensor m, v;
 };
 
 // Saves into `dir`/step_NNNNNN and keeps the newest `keep` checkpoints (0 = all). Returns the folder written.
@@ -69,6 +65,10 @@ void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vec
 
 // The folder `latest` names in `dir`; Error(kNotFound) when there is none.
 std::string latest_checkpoint(const std::string& dir);
+
+// Error(kConfig) naming the checkpoint and the first field that differs when `state` is of another model than
+// `config` (layers, heads, width, vocabulary, sequence length).
+void check_checkpoint_model(const CheckpointState& state, const GptConfig& config, const std::string& checkpoint);
 
 // Reads state.json of a checkpoint folder. Error(kIo) naming the file when it is missing or malformed.
 CheckpointState read_checkpoint_state(const std::string& checkpoint);

@@ -139,18 +139,6 @@ AdamwParams adamw_params(const TrainConfig& c, int64_t step) {
                      .step = step + 1};
 }
 
-void adamw_step(Gpt& model, const OptimizerState& optimizer, const AdamwParams& hp) {
-  int64_t offset = 0;
-  for (const Gpt::Param& p : model.params()) {
-    const int64_t n = p.value.numel();
-    AdamwParams param_hp = hp;
-    if (!p.weight_decay) param_hp.weight_decay = 0.0f;
-    ops::adamw_update(p.value, optimizer.m.slice(offset, offset + n).reshape(p.value.shape()),
-                      optimizer.v.slice(offset, offset + n).reshape(p.value.shape()), p.grad, param_hp);
-    offset += n;
-  }
-}
-
 TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   auto device = create_device(c.device);
   Gpt model(c.model, *device, GptRange::whole(c.model), c.batch_size, c.seq_len);
@@ -168,12 +156,7 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   if (options.resume || !options.resume_from.empty()) {
     const std::string from = options.resume_from.empty() ? latest_checkpoint(checkpoint_dir) : options.resume_from;
     const CheckpointState state = read_checkpoint_state(from);
-    const GptConfig& m = state.model;
-    if (m.n_layer != c.model.n_layer || m.n_head != c.model.n_head || m.n_embd != c.model.n_embd ||
-        m.vocab_size != c.model.vocab_size || m.seq_len != c.model.seq_len) {
-      throw Error(ErrorCode::kInvalidArgument, cat(from, ": the checkpoint's model (", m.n_layer, " layers, ", m.n_embd,
-                                                   " wide) is not the configured one"));
-    }
+    check_checkpoint_model(state, c.model, from);
     if (state.data_seed != c.seed) {
       log_warn("resuming with seed ", c.seed, " but the checkpoint's data order used seed ", state.data_seed);
     }
@@ -232,19 +215,16 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
     model.forward(tokens);
     const float loss = model.loss(targets);
     model.backward();
-    // Global gradient norm, then clipping (Pascanu et al. 2013).
-    const float zero = 0.0f;
-    copy_from_host(norm_acc, &zero);
-    ops::global_norm_squared(norm_acc, model.flat_grads());
-    float norm_sq;
-    copy_to_host(&norm_sq, norm_acc);
-    const double norm = std::sqrt(static_cast<double>(norm_sq));
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      throw Error(ErrorCode::kInternal, cat("step ", step + 1, ": the loss or the gradient norm is not finite (loss ",
-                                            loss, ", norm ", norm, "); lower optim.lr or set optim.grad_clip"));
+    if (!std::isfinite(loss)) {
+      throw Error(ErrorCode::kInternal, cat("step ", step + 1, ": the loss is not finite (", loss,
+                                            "); lower optim.lr or set optim.grad_clip"));
     }
-    if (c.grad_clip > 0 && norm > c.grad_clip) ops::scale(model.flat_grads(), static_cast<float>(c.grad_clip / norm));
-    adamw_step(model, optimizer, adamw_params(c, step));
+    double norm = 0;
+    try {
+      norm = optimizer_step(model, optimizer, adamw_params(c, step), norm_acc, {.max_norm = c.grad_clip});
+    } catch (const Error& e) {
+      throw Error(e.code(), cat("step ", step + 1, ": ", e.what()));
+    }
     device->synchronize();
     ++step;
     const double t1 = monotonic_seconds();

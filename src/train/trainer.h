@@ -52,10 +52,6 @@ double learning_rate(const TrainConfig& config, int64_t step);
 // The AdamW hyperparameters of (0-based) step `step`: the config's, with that step's learning rate.
 AdamwParams adamw_params(const TrainConfig& config, int64_t step);
 
-// One AdamW step over every parameter of `model` with the moments in `optimizer` (laid out like the flat
-// parameters). `hp.weight_decay` applies to the parameters marked for decay only.
-void adamw_step(Gpt& model, const OptimizerState& optimizer, const AdamwParams& hp);
-
 // Keeps the metrics file's lines up to `keep_up_to_step` (a resumed run rewrites what follows) and returns a
 // stream appending to it.
 std::ofstream open_metrics(const std::string& path, int64_t keep_up_to_step);

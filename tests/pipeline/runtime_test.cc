@@ -75,7 +75,16 @@ Curve reference(double grad_clip) {
     copy_to_host(&norm_sq, acc);
     const double norm = std::sqrt(static_cast<double>(norm_sq));
     if (grad_clip > 0 && norm > grad_clip) ops::scale(model.flat_grads(), static_cast<float>(grad_clip / norm));
-    adamw_step(model, opt, hyper(s));
+    // AdamW per tensor, decaying matrices only.
+    int64_t offset = 0;
+    for (const Gpt::Param& p : model.params()) {
+      AdamwParams hp = hyper(s);
+      if (!p.weight_decay) hp.weight_decay = 0;
+      const int64_t n = p.value.numel();
+      ops::adamw_update(model.flat_params().slice(offset, offset + n), opt.m.slice(offset, offset + n),
+                        opt.v.slice(offset, offset + n), model.flat_grads().slice(offset, offset + n), hp);
+      offset += n;
+    }
   }
   return run;
 }

@@ -11,6 +11,7 @@
 #include "model/test_data.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/optimizer.h"
 
 namespace h2 {
 namespace {
@@ -50,6 +51,64 @@ TEST(Trainer, RefAndCpuFollowTheSameLossCurve) {
   }
   // And the model learns the pattern: the loss falls well below its start (ln 32 = 3.47).
   EXPECT_LT(cpu.losses.back(), 0.8f * cpu.losses.front());
+}
+
+// Two optimizer steps of the trainer (its hyper-parameters for steps 1 and 2, then train/optimizer.h's step)
+// against values worked out by hand from AdamW's definition: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+// p -= lr ((m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + wd p), t = 1 then 2, with g = 0.2 then -0.4,
+// lr 0.1, b1 0.9, b2 0.95, wd 0.1 on matrices (wte.weight from 0.5) and none on LayerNorm gains (from 1.0).
+// A step number off by one gives 0.4215 for the first step instead of 0.3950.
+TEST(Optimizer, TwoAdamwStepsMatchHandWorkedValues) {
+  TrainConfig c = tiny_config("adamw_by_hand", "cpu");
+  c.lr = c.min_lr = 0.1;
+  c.warmup_steps = 0;
+  c.beta1 = 0.9;
+  c.beta2 = 0.95;
+  c.eps = 1e-8;
+  c.weight_decay = 0.1;
+  auto dev = create_device(c.device);
+  Gpt model(c.model, *dev, GptRange::whole(c.model), 1, 4);
+  model.init(1);
+  const OptimizerState state{dev->zeros(DType::kF32, {model.num_params()}),
+                             dev->zeros(DType::kF32, {model.num_params()})};
+  Tensor acc = dev->zeros(DType::kF32, {1});
+  auto param = [&](const std::string& name) -> Gpt::Param& {
+    for (Gpt::Param& p : model.params())
+      if (p.name == name) return p;
+    throw std::runtime_error(name);
+  };
+  param("wte.weight").value.data_as<float>()[0] = 0.5f;
+  param("ln_f.weight").value.data_as<float>()[0] = 1.0f;
+  const float expected[2][2] = {{0.395000005f, 0.900000005f}, {0.427387399f, 0.936337399f}};
+  for (int step = 0; step < 2; ++step) {
+    model.zero_grads();
+    param("wte.weight").grad.data_as<float>()[0] = step == 0 ? 0.2f : -0.4f;
+    param("ln_f.weight").grad.data_as<float>()[0] = step == 0 ? 0.2f : -0.4f;
+    optimizer_step(model, state, adamw_params(c, step), acc, {.max_norm = 0});
+    EXPECT_NEAR(param("wte.weight").value.data_as<float>()[0], expected[step][0], 1e-6) << "step " << step + 1;
+    EXPECT_NEAR(param("ln_f.weight").value.data_as<float>()[0], expected[step][1], 1e-6) << "step " << step + 1;
+  }
+  // Clipping: gradients (3, 4) have norm 5; clipped to 1 they become (0.6, 0.8). The norm returned is 5.
+  model.zero_grads();
+  param("ln_f.bias").grad.data_as<float>()[0] = 3.0f;
+  param("ln_f.bias").grad.data_as<float>()[1] = 4.0f;
+  EXPECT_NEAR(optimizer_step(model, state, adamw_params(c, 2), acc, {.max_norm = 1.0}), 5.0, 1e-6);
+  EXPECT_NEAR(param("ln_f.bias").grad.data_as<float>()[0], 0.6f, 1e-6);
+  EXPECT_NEAR(param("ln_f.bias").grad.data_as<float>()[1], 0.8f, 1e-6);
+}
+
+// One check serves single-device and cluster resumes: every field of the model, the sequence length too.
+TEST(Checkpoint, AnotherModelIsNamedByItsField) {
+  const GptConfig model{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 32, .seq_len = 16};
+  CheckpointState state{.step = 3, .model = model};
+  check_checkpoint_model(state, model, "ck");
+  state.model.seq_len = 32;
+  EXPECT_THAT(error_of([&] { check_checkpoint_model(state, model, "ck"); }, ErrorCode::kConfig),
+              HasSubstr("ck: the checkpoint is of another model: its seq_len is 32, the configured model's 16"));
+  state.model = model;
+  state.model.n_head = 4;
+  EXPECT_THAT(error_of([&] { check_checkpoint_model(state, model, "ck"); }, ErrorCode::kConfig),
+              HasSubstr("its n_head is 4"));
 }
 
 TEST(Trainer, ResumeContinuesTheIdenticalCurve) {
