@@ -5,6 +5,7 @@
 #include <thread>
 #include <tuple>
 
+#include "comm/collective_checks.h"
 #include "comm/communicator.h"
 #include "comm/tensor_comm.h"
 #include "comm/transport/inproc/transport.h"
@@ -41,30 +42,21 @@ float value(int rank, size_t i) { return static_cast<float>((rank + 1) * static_
 
 const size_t kCounts[] = {0, 1, 1001, 1 << 16};
 
-TEST(Collectives, AllReduceSumAvgMaxF32AndBf16) {
-  for (int n = 1; n <= 8; ++n) {
-    for (size_t count : kCounts) {
-      const auto errors = run_ranks(n, [&](Communicator& c) {
-        std::vector<float> sum(count), avg(count), max(count);
-        std::vector<bf16_t> half(count);
-        for (size_t i = 0; i < count; ++i) {
-          sum[i] = avg[i] = max[i] = value(c.rank(), i);
-          half[i] = f32_to_bf16(value(c.rank(), i));
-        }
-        c.all_reduce(sum.data(), count, DType::kF32, ReduceOp::kSum);
-        c.all_reduce(avg.data(), count, DType::kF32, ReduceOp::kAvg);
-        c.all_reduce(max.data(), count, DType::kF32, ReduceOp::kMax);
-        c.all_reduce(half.data(), count, DType::kBF16, ReduceOp::kSum);
-        const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
-        for (size_t i = 0; i < count; ++i) {
-          const float unit = static_cast<float>(i % 7 + 1);
-          ASSERT_EQ(sum[i], ranks_sum * unit) << "n=" << n << " count=" << count << " i=" << i;
-          ASSERT_FLOAT_EQ(avg[i], ranks_sum * unit / static_cast<float>(n));
-          ASSERT_EQ(max[i], static_cast<float>(n) * unit);
-          ASSERT_EQ(bf16_to_f32(half[i]), ranks_sum * unit);
-        }
-      });
-      for (const std::string& e : errors) ASSERT_EQ(e, "") << "n=" << n << " count=" << count;
+// Every reduction (sum, average, max) of all_reduce and reduce_scatter in f32 and bf16 (collective_checks.h), on
+// 1-8 ranks, through the shared windows and by messages (no window: ring, halving-doubling, tree, recursive
+// doubling), at counts 0, 1, odd and large.
+TEST(Collectives, EveryReductionOfEveryCollectiveOnAndOffTheWindows) {
+  for (size_t window : {size_t{1} << 20, size_t{0}}) {
+    for (int n = 1; n <= 8; ++n) {
+      const auto errors = run_ranks(
+          n,
+          [&](Communicator& c) {
+            const std::string e =
+                testing_util::check_every_reduction(c, std::vector<size_t>(std::begin(kCounts), std::end(kCounts)));
+            ASSERT_EQ(e, "");
+          },
+          {}, window);
+      for (const std::string& e : errors) ASSERT_EQ(e, "") << "n=" << n << " window=" << window;
     }
   }
 }

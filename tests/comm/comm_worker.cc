@@ -1,6 +1,7 @@
 // One rank of a multi-process DiComm test (tests/comm/process_test.cc and tests/comm/two_hosts.sh start it):
 // joins the job from the environment (H2_RANK, ... as h2 launch sets them) and runs one scenario.
-//   comm_worker collectives  every collective, counts 0, 1, odd, 1 MiB, 4 MiB + 12 B, exact values; then tagged
+//   comm_worker collectives  every collective and reduction (collective_checks.h), counts 0, 1, odd, 1 MiB,
+//                            4 MiB + 12 B, against closed forms; then tagged
 //                            p2p; prints "ok" and the algorithm of the large all-reduce. With H2_HOST_ID set,
 //                            hierarchical.
 //   comm_worker kill         all-reduces in a loop; rank 1 kills itself in the third. The others must fail with
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective_checks.h"
 #include "comm/job.h"
 
 namespace {
@@ -35,32 +37,19 @@ int collectives(h2::Job& job) {
   const int n = c.size();
   const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
   std::string large_algorithm;
-  for (size_t count : {size_t{0}, size_t{1}, size_t{1001}, size_t{1} << 18, (size_t{1} << 20) + 3}) {
-    std::vector<float> sum(count), avg(count), max(count);
-    std::vector<h2::bf16_t> half(count);
-    for (size_t i = 0; i < count; ++i) {
-      sum[i] = avg[i] = max[i] = value(c.rank(), i);
-      half[i] = h2::f32_to_bf16(value(c.rank(), i));
-    }
+  // Every reduction of all_reduce and reduce_scatter (collective_checks.h), then the data-moving collectives.
+  const std::vector<size_t> counts = {0, 1, 1001, size_t{1} << 18, (size_t{1} << 20) + 3};
+  if (const std::string e = h2::testing_util::check_every_reduction(c, counts); !e.empty()) {
+    std::fprintf(stderr, "%s\n", e.c_str());
+    return 1;
+  }
+  for (size_t count : counts) {
+    std::vector<float> sum(count);
+    for (size_t i = 0; i < count; ++i) sum[i] = value(c.rank(), i);
     c.all_reduce(sum.data(), count, DType::kF32, ReduceOp::kSum);
     if (count > 1001) large_algorithm = c.last_algorithm();
-    c.all_reduce(avg.data(), count, DType::kF32, ReduceOp::kAvg);
-    c.all_reduce(max.data(), count, DType::kF32, ReduceOp::kMax);
-    c.all_reduce(half.data(), count, DType::kBF16, ReduceOp::kSum);
-    for (size_t i = 0; i < count; ++i) {
-      const float unit = static_cast<float>(i % 7 + 1);
-      EXPECT_VALUE(sum[i], ranks_sum * unit, "all_reduce sum");
-      EXPECT_VALUE(avg[i], ranks_sum * unit / static_cast<float>(n), "all_reduce avg");
-      EXPECT_VALUE(max[i], static_cast<float>(n) * unit, "all_reduce max");
-      EXPECT_VALUE(h2::bf16_to_f32(half[i]), ranks_sum * unit, "all_reduce bf16");
-    }
-    std::vector<float> in(count * static_cast<size_t>(n)), out(count), all(count * static_cast<size_t>(n));
-    for (size_t i = 0; i < in.size(); ++i) in[i] = value(c.rank(), i);
-    c.reduce_scatter(out.data(), in.data(), count, DType::kF32, ReduceOp::kSum);
-    for (size_t i = 0; i < count; ++i) {
-      const size_t global = static_cast<size_t>(c.rank()) * count + i;
-      EXPECT_VALUE(out[i], ranks_sum * static_cast<float>(global % 7 + 1), "reduce_scatter");
-    }
+    for (size_t i = 0; i < count; ++i) EXPECT_VALUE(sum[i], ranks_sum * static_cast<float>(i % 7 + 1), "all_reduce");
+    std::vector<float> all(count * static_cast<size_t>(n));
     std::vector<float> mine(count);
     for (size_t i = 0; i < count; ++i) mine[i] = value(c.rank(), i);
     c.all_gather(all.data(), mine.data(), count, DType::kF32);
