@@ -38,9 +38,9 @@ void register_check(CLI::App& app, Command& selected) {
   CLI::App* check = app.add_subcommand("check", "Self-checks of this build");
   check->require_subcommand(1);
   CLI::App* ops = check->add_subcommand(
-      "ops", "Run every op on every backend against the ref backend and print the op x backend matrix");
+      "ops", "Run every op of each backend against the ref backend and print the op x backend matrix");
   struct Options {
-    std::string backends = "ref,cpu,emu";
+    std::string backends = "cpu,emu";
     uint64_t seed = 1234;
     std::string chips_file;
     std::string chip;
@@ -59,8 +59,14 @@ void register_check(CLI::App& app, Command& selected) {
       std::vector<ConformanceColumn> columns;
       bool passed = true;
       for (const std::string& name : names) {
-        auto device = name == "ref" ? nullptr : create_device(DeviceSpec{.backend = name, .emu = profile});
-        Device& dev = device ? *device : *reference;
+        if (name == "ref") {
+          std::fprintf(stderr,
+                       "ref is the reference every backend is compared with; the test suite checks it against finite "
+                       "differences and closed forms (tests/ops/gradcheck_test.cc)\n");
+          continue;
+        }
+        auto device = create_device(DeviceSpec{.backend = name, .emu = profile});
+        Device& dev = *device;
         std::fprintf(stderr, "checking %s (%s) ...\n", dev.name().c_str(), dev.props().chip.c_str());
         columns.push_back({name, run_conformance(dev, *reference, ConformanceOptions{.seed = options->seed})});
         passed = passed && all_passed(columns.back().results);

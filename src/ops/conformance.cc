@@ -421,6 +421,12 @@ double conformance_tolerance(Op op, DType dtype) {
 }
 
 std::vector<CaseResult> run_conformance(Device& device, Device& reference, const ConformanceOptions& options) {
+  if (&device.kernels() == &reference.kernels()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("conformance: ", device.name(), " runs the reference's own kernels (", reference.kernels().name(),
+                    "); comparing them with themselves proves nothing. The reference is checked against finite "
+                    "differences and closed forms instead (tests/ops/gradcheck_test.cc)"));
+  }
   std::vector<CaseResult> results;
   uint64_t case_seed = options.seed;
   for (const OpCases& entry : op_cases()) {

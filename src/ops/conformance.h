@@ -34,7 +34,8 @@ struct ConformanceOptions {
   uint64_t seed = 1234;
 };
 
-// Runs every case on `device`, with `reference` (a ref device) computing the expected values.
+// Runs every case on `device`, with `reference` (a ref device) computing the expected values. Error(kInvalidArgument)
+// when `device` runs the reference's own kernels: the reference is anchored by gradient checks, not by itself.
 std::vector<CaseResult> run_conformance(Device& device, Device& reference, const ConformanceOptions& options);
 
 // The tolerance on normalised error for an op in a dtype.
