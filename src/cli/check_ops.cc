@@ -52,25 +52,12 @@ void register_check(CLI::App& app, Command& selected) {
   ops->add_option("--chip", options->chip, "which chip of --chips to emulate (default: the first)");
   ops->callback([options, &selected] {
     selected = [options] {
-      const auto names = split_list(options->backends);
-      if (names.empty()) throw Error(ErrorCode::kInvalidArgument, "--backend lists no backend");
-      const std::optional<EmuProfile> profile = chosen_profile(options->chips_file, options->chip);
-      auto reference = create_device(DeviceSpec{.backend = "ref"});
-      std::vector<ConformanceColumn> columns;
+      const std::vector<ConformanceColumn> columns =
+          check_backends(split_list(options->backends), chosen_profile(options->chips_file, options->chip),
+                         ConformanceOptions{.seed = options->seed},
+                         [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
       bool passed = true;
-      for (const std::string& name : names) {
-        if (name == "ref") {
-          std::fprintf(stderr,
-                       "ref is the reference every backend is compared with; the test suite checks it against finite "
-                       "differences and closed forms (tests/ops/gradcheck_test.cc)\n");
-          continue;
-        }
-        auto device = create_device(DeviceSpec{.backend = name, .emu = profile});
-        Device& dev = *device;
-        std::fprintf(stderr, "checking %s (%s) ...\n", dev.name().c_str(), dev.props().chip.c_str());
-        columns.push_back({name, run_conformance(dev, *reference, ConformanceOptions{.seed = options->seed})});
-        passed = passed && all_passed(columns.back().results);
-      }
+      for (const ConformanceColumn& c : columns) passed = passed && all_passed(c.results);
       std::fputs(format_conformance_matrix(columns).c_str(), stdout);
       std::printf("%s: values are the worst normalised error ||out - ref|| / ||ref|| over each op's cases\n",
                   passed ? "PASS" : "FAIL");

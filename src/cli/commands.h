@@ -20,7 +20,6 @@ void register_devices(CLI::App& app, Command& selected);
 void register_train(CLI::App& app, Command& selected);
 // `h2 plan`, `h2 simulate`.
 void register_plan(CLI::App& app, Command& selected);
-void print_plan(const Plan& plan);
 // `h2 train --cluster`: plans, launches one rank per device, merges their outputs (hetero_train_cmd.cc).
 struct HeteroTrainCmd {
   std::string config, cluster, model, train, plan;
@@ -33,10 +32,10 @@ struct HeteroTrainCmd {
 int run_hetero_train(const HeteroTrainCmd& cmd);
 // `h2 launch`.
 void register_launch(CLI::App& app, Command& selected);
-// `h2 profile`; profile_to_file measures and writes the profiled cluster (also used by h2 train --profile).
+// `h2 profile`; profile_rank_command is the argv of one measuring rank (also for h2 train --profile).
 void register_profile(CLI::App& app, Command& selected);
-void profile_to_file(const std::string& cluster_file, const TransformerShape& shape, const std::string& model_label,
-                     int micro_batch, const std::string& out);
+std::vector<std::string> profile_rank_command(const std::string& cluster_file, const std::string& model_file,
+                                              int micro_batch, const std::string& raw_out);
 // `h2 bench comm`.
 void register_bench(CLI::App& app, Command& selected);
 

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/units.h"
+#include "core/format.h"
 
 namespace h2 {
 namespace {

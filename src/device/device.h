@@ -17,8 +17,8 @@
 #include <mutex>
 #include <string>
 
+#include "core/format.h"
 #include "core/tensor.h"
-#include "core/units.h"
 
 namespace h2 {
 

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "device/registry.h"
 #include "ops/ops.h"
 
 namespace h2 {
@@ -539,6 +540,25 @@ std::string format_conformance_matrix(const std::vector<ConformanceColumn>& colu
   }
   if (!failures.empty()) out += "failures:\n" + failures;
   return out;
+}
+
+std::vector<ConformanceColumn> check_backends(const std::vector<std::string>& backends,
+                                              const std::optional<EmuProfile>& emu, const ConformanceOptions& options,
+                                              const std::function<void(const std::string&)>& log) {
+  if (backends.empty()) throw Error(ErrorCode::kInvalidArgument, "--backend lists no backend");
+  auto reference = create_device(DeviceSpec{.backend = "ref"});
+  std::vector<ConformanceColumn> columns;
+  for (const std::string& name : backends) {
+    if (name == "ref") {
+      log("ref is the reference every backend is compared with; the test suite checks it against finite differences "
+          "and closed forms (tests/ops/gradcheck_test.cc)");
+      continue;
+    }
+    auto device = create_device(DeviceSpec{.backend = name, .emu = emu});
+    log(cat("checking ", device->name(), " (", device->props().chip, ") ..."));
+    columns.push_back({name, run_conformance(*device, *reference, options)});
+  }
+  return columns;
 }
 
 }  // namespace h2

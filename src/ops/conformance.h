@@ -10,10 +10,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "device/device.h"
+#include "device/emu/device.h"
 #include "ops/kernels.h"
 
 namespace h2 {
@@ -48,5 +51,12 @@ struct ConformanceColumn {
 };
 std::string format_conformance_matrix(const std::vector<ConformanceColumn>& columns);
 bool all_passed(const std::vector<CaseResult>& results);
+
+// `h2 check ops`: one column per named backend (emu devices emulate `emu`; the default profile when absent),
+// each against a ref device. `ref` itself is skipped with a note on `log`, which also hears which device is being
+// checked. Returns the columns; the matrix passes when every column does.
+std::vector<ConformanceColumn> check_backends(const std::vector<std::string>& backends,
+                                              const std::optional<EmuProfile>& emu, const ConformanceOptions& options,
+                                              const std::function<void(const std::string&)>& log);
 
 }  // namespace h2

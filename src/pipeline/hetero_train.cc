@@ -95,80 +95,165 @@ EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int h
                     .mem_bandwidth_gbps = 0};
 }
 
-RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atomic<bool>* stop_requested) {
-  const TrainConfig& c = run.config;
-  const Plan& plan = run.plan;
-  Communicator& world = *job.world;
-  check_plan_runs(plan, c.model);
-  const StageLayout layout = stage_layout_of(plan);
-  const int rank = world.rank();
-  const StageLayout::Place place = layout.place(rank);
-  StageComms comms = StageComms::split(world, layout);
-  const StagePlan& sp = plan.stages[static_cast<size_t>(place.stage)];
-  auto device = create_device(DeviceSpec{.backend = "emu", .index = rank, .emu = emu_profile_of(run.cluster, sp.chip)});
-  const GptRange range{sp.embedding, sp.first_layer, sp.first_layer + sp.layers, sp.head};
-  const int T = c.model.seq_len, M = plan.num_micro_batches;
-  const int rows = static_cast<int>(plan.global_batch / M);  // a micro-batch, over all of a stage's replicas
-  StageRunner runner(c.model, *device, range, layout, comms, rows, T,
-                     OptimOptions{.grad_clip = c.grad_clip, .zero1 = run.zero1});
-  runner.model().init(c.seed);
+namespace {
+
+// One rank's training, in the phases run_rank calls in order: join (the stage's communicators), build the stage
+// (its device and its range of the model), load the data, restore a checkpoint, the training loop, and finish
+// (the trace part and the measured summary).
+class RankTraining {
+ public:
+  RankTraining(const HeteroRun& run, Job& job, bool quiet)
+      : run_(run),
+        c_(run.config),
+        plan_(run.plan),
+        world_(*job.world),
+        quiet_(quiet),
+        layout_(stage_layout_of(plan_)),
+        rank_(world_.rank()),
+        place_(layout_.place(rank_)),
+        comms_(StageComms::split(world_, layout_)),
+        stage_(plan_.stages[static_cast<size_t>(place_.stage)]),
+        T_(c_.model.seq_len),
+        M_(plan_.num_micro_batches),
+        rows_(static_cast<int>(plan_.global_batch / M_)),
+        checkpoint_dir_((fs::path(c_.out_dir) / "checkpoints").string()) {
+    build_stage();
+  }
+
+  void load_data();
+  void restore();
+  RankOutcome train(const std::atomic<bool>* stop_requested);
+  void finish(const RankOutcome& out);
+
+ private:
+  void build_stage();
+  void save(int64_t done);
+  float evaluate();
+  void record_step(int64_t step, float loss, double lr, double dt);
+  // Rows [first_row, first_row + n) of micro-batch m of the step's batch.
+  void take_rows(int m, int first_row, int n, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) const {
+    const int64_t first = (int64_t{m} * rows_ + first_row) * T_;
+    tok.assign(tokens_.begin() + first, tokens_.begin() + first + int64_t{n} * T_);
+    tgt.assign(targets_.begin() + first, targets_.begin() + first + int64_t{n} * T_);
+  }
+
+  const HeteroRun& run_;
+  const TrainConfig& c_;
+  const Plan& plan_;
+  Communicator& world_;
+  const bool quiet_;
+  const StageLayout layout_;
+  const int rank_;
+  const StageLayout::Place place_;
+  StageComms comms_;
+  const StagePlan& stage_;
+  const int T_, M_, rows_;  // rows: a micro-batch's sequences over all of a stage's replicas
+  const std::string checkpoint_dir_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<StageRunner> runner_;
+  std::unique_ptr<TokenLoader> loader_, val_loader_;
+  std::vector<int32_t> tokens_, targets_;  // the step's whole batch (first and last stage)
+  int64_t first_step_ = 0;
+  nlohmann::json trace_ = nlohmann::json::array();
+  std::ofstream metrics_;
+};
+
+void RankTraining::build_stage() {
+  device_ =
+      create_device(DeviceSpec{.backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, stage_.chip)});
+  const GptRange range{stage_.embedding, stage_.first_layer, stage_.first_layer + stage_.layers, stage_.head};
+  runner_ = std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
+                                          OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1});
+  runner_->model().init(c_.seed);
   // The plan's recomputation: a stage planned without it keeps the activations of the micro-batches 1F1B has in
   // flight there; with selective or full recomputation it keeps one and recomputes the others (the runtime
   // cannot drop only the attention scores, so selective is run as full).
-  if (sp.recompute == Recompute::kNone) runner.keep_activations(std::max(1, sp.in_flight));
+  if (stage_.recompute == Recompute::kNone) runner_->keep_activations(std::max(1, stage_.in_flight));
+}
+
+void RankTraining::load_data() {
   // The first and last stages read each step's whole batch and take their micro-batch's and replica's rows, so
   // the data a step trains on does not depend on the plan (a run may resume under another one).
-  std::unique_ptr<TokenLoader> loader;
-  if (range.embedding || range.head) {
-    loader =
-        std::make_unique<TokenLoader>(expand_glob(c.train_data), static_cast<int>(plan.global_batch), T, c.seed, true);
+  if (stage_.embedding || stage_.head) {
+    loader_ = std::make_unique<TokenLoader>(expand_glob(c_.train_data), static_cast<int>(plan_.global_batch), T_,
+                                            c_.seed, true);
   }
-  std::vector<int32_t> tokens, targets;
   // Held-out data, read in order from the start at each evaluation (every rank knows how many batches there are).
-  std::unique_ptr<TokenLoader> val_loader;
-  if (!c.val_data.empty()) {
-    val_loader =
-        std::make_unique<TokenLoader>(expand_glob(c.val_data), static_cast<int>(plan.global_batch), T, c.seed, false);
+  if (!c_.val_data.empty()) {
+    val_loader_ = std::make_unique<TokenLoader>(expand_glob(c_.val_data), static_cast<int>(plan_.global_batch), T_,
+                                                c_.seed, false);
   }
-  const std::string checkpoint_dir = (fs::path(c.out_dir) / "checkpoints").string();
-  int64_t first_step = 0;
-  if (run.resume) {
-    const std::string latest = latest_checkpoint(checkpoint_dir);
-    const CheckpointState state = read_checkpoint_state(latest);
-    check_checkpoint_model(state, c.model, latest);
-    std::vector<float> mom, vel;
-    load_checkpoint_by_name(latest, runner.model(), &mom, &vel);
-    runner.set_optimizer_state(mom, vel);
-    first_step = state.step;
-    if (loader) loader->seek(state.data);
-    if (rank == 0 && !quiet) std::printf("resumed from %s at step %lld\n", latest.c_str(), (long long)first_step);
+}
+
+void RankTraining::restore() {
+  if (!run_.resume) return;
+  const std::string latest = latest_checkpoint(checkpoint_dir_);
+  const CheckpointState state = read_checkpoint_state(latest);
+  check_checkpoint_model(state, c_.model, latest);
+  std::vector<float> mom, vel;
+  load_checkpoint_by_name(latest, runner_->model(), &mom, &vel);
+  runner_->set_optimizer_state(mom, vel);
+  first_step_ = state.step;
+  if (loader_) loader_->seek(state.data);
+  if (rank_ == 0 && !quiet_) std::printf("resumed from %s at step %lld\n", latest.c_str(), (long long)first_step_);
+}
+
+void RankTraining::save(int64_t done) {
+  if (rank_ == 0) begin_checkpoint(checkpoint_dir_, done);
+  world_.barrier();
+  std::vector<float> mom, vel;
+  runner_->optimizer_state(mom, vel);
+  if (place_.replica == 0) {
+    // The last stage's copy of the tied embedding is the first stage's: written once. TP ranks put their shards
+    // together; the first of them writes.
+    const std::vector<SavedParam> params = saved_params(
+        runner_->model(), mom.data(), vel.data(),
+        [&](const Gpt::Param& p) { return !(place_.stage > 0 && p.name == "wte.weight"); },
+        [&](std::vector<float>& x) { comms_.tp.all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum); });
+    if (place_.t == 0) {
+      write_model_files((fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(),
+                        cat(".stage", place_.stage), params);
+    }
   }
-  const auto save = [&](int64_t done) {
-    if (rank == 0) begin_checkpoint(checkpoint_dir, done);
-    world.barrier();
-    std::vector<float> mom, vel;
-    runner.optimizer_state(mom, vel);
-    if (place.replica == 0) {
-      // The last stage's copy of the tied embedding is the first stage's: written once. TP ranks put their
-      // shards together; the first of them writes.
-      const std::vector<SavedParam> params = saved_params(
-          runner.model(), mom.data(), vel.data(),
-          [&](const Gpt::Param& p) { return !(place.stage > 0 && p.name == "wte.weight"); },
-          [&](std::vector<float>& x) { comms.tp.all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum); });
-      if (place.t == 0) {
-        write_model_files((fs::path(checkpoint_dir) / (checkpoint_name(done) + ".tmp")).string(),
-                          cat(".stage", place.stage), params);
-      }
-    }
-    world.barrier();
-    if (rank == 0) {
-      write_checkpoint_state(
-          (fs::path(checkpoint_dir) / (checkpoint_name(done) + ".tmp")).string(),
-          CheckpointState{.step = done, .model = c.model, .data = loader->position(), .data_seed = c.seed});
-      commit_checkpoint(checkpoint_dir, done, c.keep_checkpoints);
-    }
-    world.barrier();
-  };
+  world_.barrier();
+  if (rank_ == 0) {
+    write_checkpoint_state(
+        (fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(),
+        CheckpointState{.step = done, .model = c_.model, .data = loader_->position(), .data_seed = c_.seed});
+    commit_checkpoint(checkpoint_dir_, done, c_.keep_checkpoints);
+  }
+  world_.barrier();
+}
+
+float RankTraining::evaluate() {
+  val_loader_->seek({0, 0});
+  const int batches =
+      static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(c_.eval_batches), val_loader_->batches_per_epoch()));
+  double sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    val_loader_->next(tokens_, targets_);  // the training batch is loaded again at the next step
+    sum += runner_->evaluate(M_, [this](auto&&... a) { take_rows(a...); });
+  }
+  return static_cast<float>(sum / batches);
+}
+
+void RankTraining::record_step(int64_t step, float loss, double lr, double dt) {
+  if (rank_ != 0) return;
+  const double tokens_per_step = static_cast<double>(plan_.global_batch) * T_;
+  metrics_ << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"grad_norm", runner_->last_grad_norm()},
+                             {"lr", lr},         {"step_s", dt}, {"tokens_per_s", tokens_per_step / dt}}
+                  .dump()
+           << "\n";
+  metrics_.flush();
+  if (!quiet_ && ((step + 1) % std::max<int64_t>(1, c_.log_every) == 0 || step + 1 == c_.steps)) {
+    std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %7.0f tok/s | step %.3f s (plan %.3f s)\n",
+                static_cast<long long>(step + 1), static_cast<long long>(c_.steps), loss, lr, runner_->last_grad_norm(),
+                tokens_per_step / dt, dt, plan_.step_s);
+    std::fflush(stdout);
+  }
+}
+
+RankOutcome RankTraining::train(const std::atomic<bool>* stop_requested) {
   int64_t kill_step = -1;
   if (const char* f = std::getenv("H2_FAULT_KILL")) {
     int fault_rank = -1;
@@ -176,95 +261,69 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
     if (std::sscanf(f, "%d:%lld", &fault_rank, &fault_step) != 2) {
       throw Error(ErrorCode::kConfig, cat("H2_FAULT_KILL='", f, "' is not RANK:STEP"));
     }
-    if (fault_rank == rank) kill_step = fault_step;
+    if (fault_rank == rank_) kill_step = fault_step;
   }
-  const Schedule schedule = add_gradient_reduction(lower_communication(schedule_1f1b(layout.num_stages(), M)));
-  nlohmann::json trace = nlohmann::json::array();
+  const Schedule schedule = add_gradient_reduction(lower_communication(schedule_1f1b(layout_.num_stages(), M_)));
   int64_t step = 0;
-  runner.on_action = [&](const Action& a, double t0, double t1) {
+  runner_->on_action = [&](const Action& a, double t0, double t1) {
     if (step + 1 == kill_step) std::raise(SIGKILL);
-    trace.push_back(
-        {{"name", a.str()}, {"ph", "X"}, {"pid", rank}, {"tid", 0}, {"ts", t0 * 1e6}, {"dur", (t1 - t0) * 1e6}});
+    trace_.push_back(
+        {{"name", a.str()}, {"ph", "X"}, {"pid", rank_}, {"tid", 0}, {"ts", t0 * 1e6}, {"dur", (t1 - t0) * 1e6}});
   };
-  std::ofstream metrics;
-  if (rank == 0) {
-    fs::create_directories(c.out_dir);
-    metrics = open_metrics((fs::path(c.out_dir) / "metrics.jsonl").string(), first_step);
+  if (rank_ == 0) {
+    fs::create_directories(c_.out_dir);
+    metrics_ = open_metrics((fs::path(c_.out_dir) / "metrics.jsonl").string(), first_step_);
   }
-  const StageRunner::Batch batch = [&](int m, int first_row, int n, std::vector<int32_t>& tok,
-                                       std::vector<int32_t>& tgt) {
-    const int64_t first = (int64_t{m} * rows + first_row) * T;
-    tok.assign(tokens.begin() + first, tokens.begin() + first + int64_t{n} * T);
-    tgt.assign(targets.begin() + first, targets.begin() + first + int64_t{n} * T);
-  };
   RankOutcome out;
-  const auto evaluate = [&] {
-    val_loader->seek({0, 0});
-    const int batches =
-        static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(c.eval_batches), val_loader->batches_per_epoch()));
-    double sum = 0;
-    for (int i = 0; i < batches; ++i) {
-      val_loader->next(tokens, targets);  // the training batch is loaded again at the next step
-      sum += runner.evaluate(M, batch);
-    }
-    return static_cast<float>(sum / batches);
-  };
-  const double tokens_per_step = static_cast<double>(plan.global_batch) * T;
   // Step time: the mean after two warm-up steps (when the run has more than two), else over every step.
   double measured = 0, all = 0;
   int64_t measured_steps = 0;
-  for (step = first_step; step < c.steps; ++step) {
+  for (step = first_step_; step < c_.steps; ++step) {
     // Every rank stops at the same step: rank 0's wish (or anyone's) is agreed on first.
     float stop = stop_requested != nullptr && stop_requested->load() ? 1.0f : 0.0f;
-    world.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
+    world_.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
     if (stop > 0) {
       out.interrupted = true;
-      if (step > first_step) save(step);  // what was trained is kept
+      if (step > first_step_) save(step);  // what was trained is kept
       break;
     }
     const double t0 = monotonic_seconds();
-    if (loader) loader->next(tokens, targets);
-    const double lr = learning_rate(c, step);
-    const float loss = runner.step(schedule, batch, adamw_params(c, step));
+    if (loader_) loader_->next(tokens_, targets_);
+    const double lr = learning_rate(c_, step);
+    const float loss = runner_->step(
+        schedule, [this](auto&&... a) { take_rows(a...); }, adamw_params(c_, step));
     const double dt = monotonic_seconds() - t0;
     all += dt;
-    if (step >= first_step + 2) {
+    if (step >= first_step_ + 2) {
       measured += dt;
       ++measured_steps;
     }
     out.steps_done = step + 1;
     out.last_loss = loss;
-    if (rank == 0) {
-      metrics << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"grad_norm", runner.last_grad_norm()},
-                                {"lr", lr},         {"step_s", dt}, {"tokens_per_s", tokens_per_step / dt}}
-                     .dump()
-              << "\n";
-      metrics.flush();
-      if (!quiet && ((step + 1) % std::max<int64_t>(1, c.log_every) == 0 || step + 1 == c.steps)) {
-        std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %7.0f tok/s | step %.3f s (plan %.3f s)\n",
-                    static_cast<long long>(step + 1), static_cast<long long>(c.steps), loss, lr,
-                    runner.last_grad_norm(), tokens_per_step / dt, dt, plan.step_s);
-        std::fflush(stdout);
-      }
-    }
-    if (val_loader && (step + 1 == c.steps || (c.eval_every > 0 && (step + 1) % c.eval_every == 0))) {
+    record_step(step, loss, lr, dt);
+    if (val_loader_ && (step + 1 == c_.steps || (c_.eval_every > 0 && (step + 1) % c_.eval_every == 0))) {
       out.val_loss = evaluate();
-      if (rank == 0) {
-        metrics << nlohmann::json{{"step", step + 1}, {"val_loss", out.val_loss}}.dump() << "\n";
-        metrics.flush();
-        if (!quiet) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), out.val_loss);
+      if (rank_ == 0) {
+        metrics_ << nlohmann::json{{"step", step + 1}, {"val_loss", out.val_loss}}.dump() << "\n";
+        metrics_.flush();
+        if (!quiet_) std::printf("step %5lld | val loss %.4f\n", static_cast<long long>(step + 1), out.val_loss);
       }
     }
-    if (step + 1 == c.steps || (c.checkpoint_every > 0 && (step + 1) % c.checkpoint_every == 0)) save(step + 1);
+    if (step + 1 == c_.steps || (c_.checkpoint_every > 0 && (step + 1) % c_.checkpoint_every == 0)) save(step + 1);
   }
-  const int64_t ran = out.steps_done - first_step;
+  const int64_t ran = out.steps_done - first_step_;
   out.step_seconds = measured_steps > 0 ? measured / static_cast<double>(measured_steps)
                      : ran > 0          ? all / static_cast<double>(ran)
                                         : 0;
-  fs::create_directories(trace_part(run, rank).parent_path());
-  write_file_atomic(trace_part(run, rank).string(), trace.dump());
-  if (rank == 0) {
-    write_file_atomic((fs::path(c.out_dir) / "measured.json").string(),
+  return out;
+}
+
+void RankTraining::finish(const RankOutcome& out) {
+  fs::create_directories(trace_part(run_, rank_).parent_path());
+  write_file_atomic(trace_part(run_, rank_).string(), trace_.dump());
+  if (rank_ == 0) {
+    const double tokens_per_step = static_cast<double>(plan_.global_batch) * T_;
+    write_file_atomic((fs::path(c_.out_dir) / "measured.json").string(),
                       nlohmann::json{{"steps", out.steps_done},
                                      {"last_loss", out.last_loss},
                                      {"val_loss", out.val_loss},
@@ -272,7 +331,18 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
                                      {"tokens_per_s", out.step_seconds > 0 ? tokens_per_step / out.step_seconds : 0}}
                           .dump(2));
   }
-  world.barrier();  // nobody tears the job down while a peer still needs it
+  world_.barrier();  // nobody tears the job down while a peer still needs it
+}
+
+}  // namespace
+
+RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atomic<bool>* stop_requested) {
+  check_plan_runs(run.plan, run.config.model);
+  RankTraining rank(run, job, quiet);  // join, build the stage
+  rank.load_data();
+  rank.restore();
+  const RankOutcome out = rank.train(stop_requested);
+  rank.finish(out);
   return out;
 }
 

@@ -13,6 +13,7 @@
 // load the host as training will.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,5 +50,27 @@ LinkMeasurement measure_link(Communicator& world);
 // The cluster with the measured figures in place of the datasheet's.
 Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips,
                          const LinkMeasurement& link);
+
+// The whole measurement, as `h2 profile` runs it: one process per device (at most 8; each chip type keeps its
+// share), started with h2 launch's machinery by `rank_command` (the arguments that make a process call
+// profile_rank with the same files), each measuring its chip type while the others measure theirs; then the
+// link. Prints a table per chip type and writes the profiled cluster file `out` (atomically).
+struct ProfileJob {
+  std::string cluster_file;
+  TransformerShape shape;   // the model whose shapes are measured
+  std::string model_label;  // where it came from, for the file's header
+  int micro_batch = 1;
+  std::string out;
+  // argv of one measuring rank, given the files it reads and the file rank 0 writes its raw results to.
+  std::function<std::vector<std::string>(const std::string& cluster_file, const std::string& model_file,
+                                         int micro_batch, const std::string& raw_out)>
+      rank_command;
+};
+void profile_cluster(const ProfileJob& job);
+
+// One measuring rank (a process started by profile_cluster): joins the job, measures, and rank 0 writes what
+// every rank found to `raw_out` (JSON).
+void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch,
+                  const std::string& raw_out);
 
 }  // namespace h2

@@ -12,7 +12,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
-#include "core/units.h"
+#include "core/format.h"
 
 namespace h2 {
 namespace {

@@ -219,4 +219,15 @@ TrainSetup load_train_setup(const ConfigNode& root) {
   return t;
 }
 
+PlanningInputs load_planning_inputs(const std::string& cluster_file, const std::string& model_file,
+                                    const std::string& train_file) {
+  PlanningInputs in;
+  in.cluster = load_cluster(ConfigNode::load_file(cluster_file));
+  const ConfigNode model = ConfigNode::load_file(model_file);
+  in.model = load_model(model);
+  in.model_name = model.get<std::string>("name", model_file);
+  in.train = load_train_setup(ConfigNode::load_file(train_file));
+  return in;
+}
+
 }  // namespace h2

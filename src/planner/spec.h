@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/config.h"
-#include "core/units.h"
+#include "core/format.h"
 #include "model/costs.h"
 
 namespace h2 {
@@ -80,5 +80,15 @@ Cluster load_cluster(const ConfigNode& root);
 std::string cluster_to_yaml(const Cluster& cluster);
 TransformerShape load_model(const ConfigNode& root);
 TrainSetup load_train_setup(const ConfigNode& root);
+
+// The three planner files at once; the model's name is its file's `name`, else the file name.
+struct PlanningInputs {
+  Cluster cluster;
+  TransformerShape model;
+  std::string model_name;
+  TrainSetup train;
+};
+PlanningInputs load_planning_inputs(const std::string& cluster_file, const std::string& model_file,
+                                    const std::string& train_file);
 
 }  // namespace h2

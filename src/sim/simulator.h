@@ -39,4 +39,8 @@ struct SimResult {
 // Throws Error(kInvalidArgument) when the schedule deadlocks (with the dry run's grid).
 SimResult simulate(const Plan& plan, const SimOptions& options);
 
+// The step against the planner's, and per stage its busy time and peak memory against capacity ("OVER
+// CAPACITY" where it does not fit); `schedule` names the schedule replayed.
+std::string format_simulation(const Plan& plan, const SimResult& result, const std::string& schedule);
+
 }  // namespace h2

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "planner/fixtures.h"
+#include "planner/report.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -226,6 +227,32 @@ TEST_F(Hetero1024, UniformSplitIsSlowerAndNoTypeAloneIsFaster) {
     EXPECT_EQ(alone.devices_total, cluster_.devices_of(k));
     EXPECT_GE(plan.tokens_per_s, alone.tokens_per_s) << cluster_.chips[static_cast<size_t>(k)].name;
   }
+}
+
+// The baselines h2 plan --compare and h2 train print: each type alone planned by the same search, and the
+// heterogeneous speed-up as the plan's throughput over their sum, worked out here from the parts.
+TEST(Report, BaselinesAndTheHeterogeneousSpeedup) {
+  const Cluster c = cluster_of(kSmallCluster);
+  const CostModel costs(c, small_model(6), TrainSetup{.global_batch = 16});
+  const Plan plan = plan_training(costs, PlannerOptions{});
+  const Baselines b = plan_baselines(costs, plan, PlannerOptions{});
+  ASSERT_EQ(b.alone.size(), 3u);
+  // X alone (2 devices of 2 GiB) cannot hold the model; Y and Z can.
+  EXPECT_FALSE(b.alone[0].plan.has_value());
+  EXPECT_THAT(b.alone[0].failure, HasSubstr("fits nowhere on cluster small/X"));
+  double sum = 0;
+  for (int k = 1; k < 3; ++k) {
+    const Plan alone = plan_training(CostModel(c.only(k), small_model(6), TrainSetup{.global_batch = 16}), {});
+    ASSERT_TRUE(b.alone[static_cast<size_t>(k)].plan.has_value());
+    EXPECT_DOUBLE_EQ(b.alone[static_cast<size_t>(k)].plan->tokens_per_s, alone.tokens_per_s);
+    sum += alone.tokens_per_s;
+  }
+  EXPECT_DOUBLE_EQ(b.heterogeneous_speedup, plan.tokens_per_s / sum);
+  ASSERT_TRUE(b.uniform.has_value());
+  const std::string text = format_baselines(b, plan);
+  EXPECT_THAT(text, HasSubstr("uniform layer split, same devices"));
+  EXPECT_THAT(text, HasSubstr("Y alone (4 devices)"));
+  EXPECT_THAT(format_plan(plan), HasSubstr(cat(plan.stages.size(), " stages")));
 }
 
 TEST(Plan, JsonRoundTripAndVersion) {

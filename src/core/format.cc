@@ -1,5 +1,5 @@
 // Printing byte counts.
-#include "core/units.h"
+#include "core/format.h"
 
 #include <cmath>
 #include <cstdio>

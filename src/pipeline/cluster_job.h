@@ -1,0 +1,52 @@
+// `h2 train --cluster`'s two roles (docs/pipeline.md). The driver plans (or loads a plan), writes plan.json into
+// the run's out_dir, starts one rank per device with h2 launch's machinery (which names a failed rank and stops
+// the others), then merges the measured trace, writes the simulator's prediction beside it and reports measured
+// against predicted step time and the planner's baselines. A rank — started by the driver, or by mpirun / srun
+// across hosts with a given plan — joins the job and trains its stage (pipeline/hetero_train.h).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pipeline/hetero_train.h"
+
+namespace h2 {
+
+// The files a cluster job is made of; driver and ranks read the same ones.
+struct ClusterJobFiles {
+  std::string config;   // training config: data, optimizer, run length (its model unless `model` is given)
+  std::string cluster;  // the cluster file
+  std::string model;    // optional: the planner's model file, replacing the config's model
+  std::string train;    // optional: the planner's setup (global batch, recomputation, micro-batches, zero1, max_tp)
+  std::string plan;     // optional for the driver: run this plan.json instead of planning
+  std::vector<std::string> overrides;  // --set KEY=VALUE on the config
+};
+
+// What driver and ranks derive from the files: the run (config with the model file's model and the setup's batch,
+// the cluster), the model's shape and the planner's setup (planned in the precision the runtime trains: f32).
+struct ClusterJob {
+  HeteroRun run;
+  TransformerShape shape;
+  TrainSetup setup;
+};
+ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume);
+
+struct DriverOptions {
+  bool profile = false;  // measure the chips and links first (h2 profile) and plan on the measured cluster
+  bool quiet = false;    // no progress lines from rank 0
+  // argv of one rank of this job for the plan at `plan_path` (the h2 binary with --as-rank and the same files).
+  std::function<std::vector<std::string>(const std::string& plan_path)> rank_command;
+  // argv of one measuring rank, for `profile` (pipeline/profile.h).
+  std::function<std::vector<std::string>(const std::string&, const std::string&, int, const std::string&)>
+      profile_rank_command;
+};
+
+// The driver: returns the job's exit status (a failed rank's, or 0).
+int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOptions& options);
+
+// One rank: `external` when started by mpirun or srun (then rank 0 also writes plan.json and, at the end, the
+// merged trace and summary). Needs files.plan. Returns 0, or 130 when interrupted (SIGINT/SIGTERM).
+int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool external);
+
+}  // namespace h2

@@ -1,0 +1,94 @@
+// Plan tables and baselines (see report.h).
+#include "planner/report.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/format.h"
+
+namespace h2 {
+std::string format_plan(const Plan& p) {
+  std::string out =
+      format("plan: model '%s' on cluster '%s': %d pipeline(s) x %zu stages, micro-batch %d x %d per pipeline\n",
+             p.model.c_str(), p.cluster.c_str(), p.dp, p.stages.size(), p.micro_batch, p.num_micro_batches);
+  out += format("%5s %-6s %3s %4s %-12s %-9s %6s %9s %9s %8s %11s %8s\n", "stage", "chip", "tp", "dp", "layers",
+                "recompute", "flight", "fwd ms", "bwd ms", "send ms", "mem/device", "headroom");
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    const StagePlan& s = p.stages[i];
+    const std::string layers = format("%d-%d (%d)%s", s.first_layer, s.first_layer + s.layers - 1, s.layers,
+                                      s.embedding && s.head ? "E+H"
+                                      : s.embedding         ? "+E"
+                                      : s.head              ? "+H"
+                                                            : "");
+    out +=
+        format("%5zu %-6s %3d %4d %-12s %-9s %6d %9.2f %9.2f %8.2f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
+               layers.c_str(), recompute_name(s.recompute), s.in_flight, s.forward_s * 1e3, s.backward_s * 1e3,
+               s.send_s * 1e3, format_bytes(s.memory_bytes).c_str(), 100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
+  }
+  out += format("predicted: step %.3f s | %.0f tokens/s | MFU %.1f%% | bubble %.1f%% | devices %d of %d\n", p.step_s,
+                p.tokens_per_s, 100 * p.mfu, 100 * p.bubble_fraction, p.devices_used, p.devices_total);
+  out += format("limited by: %s\nwhy: %s\n", p.limited_by.c_str(), p.why.c_str());
+  return out;
+}
+
+std::string format_search(const SearchStats& s) {
+  return format(
+      "search: %lld layouts generated, %lld pruned for memory, %lld pruned by the bound, %lld costed, in %.3f s (%s "
+      "enumeration%s)\n",
+      static_cast<long long>(s.layouts), static_cast<long long>(s.pruned_memory),
+      static_cast<long long>(s.pruned_bound), static_cast<long long>(s.evaluated), s.seconds, s.tier.c_str(),
+      s.budget_exhausted ? ", budget exhausted" : "");
+}
+
+Baselines plan_baselines(const CostModel& costs, const Plan& plan, const PlannerOptions& options) {
+  Baselines b;
+  const Cluster& cluster = costs.cluster();
+  FitFailure why;
+  b.uniform = plan_uniform(costs, layout_of(plan, cluster), &why);
+  if (!b.uniform) b.uniform_failure = why.what;
+  for (size_t k = 0; k < cluster.chips.size(); ++k) {
+    const int devices = cluster.devices_of(static_cast<int>(k));
+    if (devices == 0) continue;
+    Baselines::Alone a{cluster.chips[k].name, devices, std::nullopt, ""};
+    try {
+      a.plan = plan_training(CostModel(cluster.only(static_cast<int>(k)), costs.model(), costs.train()), options);
+      b.sum_alone_tokens_per_s += a.plan->tokens_per_s;
+    } catch (const Error& e) {
+      a.failure = e.what();
+    }
+    b.alone.push_back(std::move(a));
+  }
+  if (b.sum_alone_tokens_per_s > 0) b.heterogeneous_speedup = plan.tokens_per_s / b.sum_alone_tokens_per_s;
+  return b;
+}
+
+std::string format_baselines(const Baselines& b, const Plan& plan) {
+  std::string out = format("%-40s %14s %10s %9s\n", "baseline", "tokens/s", "step s", "vs plan");
+  const auto row = [&](const std::string& label, const Plan& p) {
+    out += format("%-40s %14.0f %10.3f %8.2fx\n", label.c_str(), p.tokens_per_s, p.step_s,
+                  plan.tokens_per_s / p.tokens_per_s);
+  };
+  const std::string uniform = "uniform layer split, same devices";
+  if (b.uniform) {
+    row(uniform, *b.uniform);
+  } else {
+    out += format("%-40s does not fit: %s\n", uniform.c_str(), b.uniform_failure.c_str());
+  }
+  for (const Baselines::Alone& a : b.alone) {
+    const std::string label = cat(a.chip, " alone (", a.devices, " devices)");
+    if (a.plan) {
+      row(label, *a.plan);
+    } else {
+      out += format("%-40s does not fit: %s\n", label.c_str(), a.failure.c_str());
+    }
+  }
+  if (b.heterogeneous_speedup > 0) {
+    out += format(
+        "heterogeneous speed-up ratio: %.0f / %.0f = %.3f (mixed throughput / sum of each type alone; above 1 is "
+        "superlinear)\n",
+        plan.tokens_per_s, b.sum_alone_tokens_per_s, b.heterogeneous_speedup);
+  }
+  return out;
+}
+
+}  // namespace h2
