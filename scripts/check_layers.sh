@@ -5,8 +5,9 @@
 set -euo pipefail
 src=${1:-"$(dirname "$0")/../src"}
 
-# What each part may include (besides itself). The order: core -> device, ops -> model -> comm, schedule ->
-# planner, train -> sim -> pipeline -> cli. device and ops are one layer (a backend is a device and its kernels).
+# What each part may include (besides itself): the layer table of docs/architecture.md, core (1), device and ops
+# (2: a backend is a device and its kernels), model (3), comm and schedule (4), planner and train (5), sim (6),
+# pipeline (7), cli (8).
 declare -A allowed=(
   [core]=""
   [device]="core ops"

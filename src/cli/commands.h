@@ -20,7 +20,7 @@ void register_devices(CLI::App& app, Command& selected);
 void register_train(CLI::App& app, Command& selected);
 // `h2 plan`, `h2 simulate`.
 void register_plan(CLI::App& app, Command& selected);
-// `h2 train --cluster`: plans, launches one rank per device, merges their outputs (hetero_train_cmd.cc).
+// `h2 train --cluster`: the driver or one rank (pipeline/cluster_job.h); hetero_train_cmd.cc.
 struct HeteroTrainCmd {
   std::string config, cluster, model, train, plan;
   std::vector<std::string> overrides;
