@@ -38,10 +38,12 @@ constexpr ToleranceRow kTolerances[] = {
     {Op::kGeluBackward, 1e-5, 4e-3},     //
     {Op::kResidualForward, 1e-7, 4e-3},  // f32: exact; bf16: a double rounding can differ by one ulp
     {Op::kCrossentropyForwardBackward, 1e-5, 0},
-    {Op::kAdamwUpdate, 1e-5, 0},        // a division by sqrt(v): relative error grows where v is small
-    {Op::kGlobalNormSquared, 1e-6, 0},  //
-    {Op::kScale, 1e-7, 0},              // exact
-    {Op::kConvert, 0, 0},               // both round to nearest even: bitwise equal
+    {Op::kCrossentropyStats, 1e-5, 0},     // vectorised exp: ~1 ulp
+    {Op::kCrossentropyBackward, 1e-5, 0},  //
+    {Op::kAdamwUpdate, 1e-5, 0},           // a division by sqrt(v): relative error grows where v is small
+    {Op::kGlobalNormSquared, 1e-6, 0},     //
+    {Op::kScale, 1e-7, 0},                 // exact
+    {Op::kConvert, 0, 0},                  // both round to nearest even: bitwise equal
 };
 
 enum class Role { kIn, kOut, kAccum, kInOut };
@@ -86,6 +88,8 @@ ArgSpec with_dtype(ArgSpec a, DType dtype) {
 // The cases of every op. Shapes include 1-sized and odd dimensions, and attention lengths past one tile.
 const std::vector<OpCases>& op_cases() {
   static const std::vector<OpCases> table = {
+      // The whole table, and a vocabulary-parallel shard (rows [V/3, V/3 + V/2) of V, no positions: another TP rank
+      // of the group adds them).
       {Op::kEncoderForward,
        [](DType) {
          std::vector<Case> cases;
@@ -94,6 +98,10 @@ const std::vector<OpCases>& op_cases() {
                {cat("B=", B, " T=", T, " C=", C, " V=", V),
                 {out("out", {B, T, C}), tokens("tokens", {B, T}, V), in("wte", {V, C}), in("wpe", {T + 1, C})},
                 [](auto& t) { ops::encoder_forward(t[0], t[1], t[2], t[3]); }});
+           const int64_t lo = V / 3, rows = std::max<int64_t>(1, V / 2);
+           cases.push_back({cat("B=", B, " T=", T, " C=", C, " V=", V, " shard [", lo, ", ", lo + rows, ")"),
+                            {out("out", {B, T, C}), tokens("tokens", {B, T}, V), in("wte", {rows, C})},
+                            [lo, V](auto& t) { ops::encoder_forward(t[0], t[1], t[2], Tensor(), lo, V); }});
          }
          return cases;
        }},
@@ -105,6 +113,10 @@ const std::vector<OpCases>& op_cases() {
                {cat("B=", B, " T=", T, " C=", C, " V=", V),
                 {accum("dwte", {V, C}), accum("dwpe", {T, C}), in("dout", {B, T, C}), tokens("tokens", {B, T}, V)},
                 [](auto& t) { ops::encoder_backward(t[0], t[1], t[2], t[3]); }});
+           const int64_t lo = V / 3, rows = std::max<int64_t>(1, V / 2);
+           cases.push_back({cat("B=", B, " T=", T, " C=", C, " V=", V, " shard [", lo, ", ", lo + rows, ")"),
+                            {accum("dwte", {rows, C}), in("dout", {B, T, C}), tokens("tokens", {B, T}, V)},
+                            [lo, V](auto& t) { ops::encoder_backward(t[0], Tensor(), t[1], t[2], lo, V); }});
          }
          return cases;
        }},
@@ -219,6 +231,32 @@ const std::vector<OpCases>& op_cases() {
                             {out("losses", {N}), out("dlogits", {N, V}), in("logits", {N, V}),
                              tokens("targets", {N}, V, Fill::kTargets)},
                             [N](auto& t) { ops::crossentropy_forward_backward(t[0], t[1], t[2], t[3], 1.0f / N); }});
+         }
+         return cases;
+       }},
+      // A shard of rows [V/4, V/4 + Vr) of a vocabulary of V, and the whole vocabulary.
+      {Op::kCrossentropyStats,
+       [](DType) {
+         std::vector<Case> cases;
+         for (auto [N, V, Vr] : {std::array<int64_t, 3>{1, 1, 1}, {3, 7, 7}, {9, 1000, 500}, {4, 5003, 1251}}) {
+           const int64_t lo = std::min(V / 4, V - Vr);
+           cases.push_back({cat("N=", N, " V=", V, " rows [", lo, ", ", lo + Vr, ")"),
+                            {out("maxes", {N}), out("sums", {N}), out("target_logits", {N}), in("logits", {N, Vr}),
+                             tokens("targets", {N}, V, Fill::kTargets)},
+                            [lo, V](auto& t) { ops::crossentropy_stats(t[0], t[1], t[2], t[3], t[4], lo, V); }});
+         }
+         return cases;
+       }},
+      {Op::kCrossentropyBackward,
+       [](DType) {
+         std::vector<Case> cases;
+         for (auto [N, V, Vr] : {std::array<int64_t, 3>{1, 1, 1}, {3, 7, 7}, {9, 1000, 500}, {4, 5003, 1251}}) {
+           const int64_t lo = std::min(V / 4, V - Vr);
+           cases.push_back(
+               {cat("N=", N, " V=", V, " rows [", lo, ", ", lo + Vr, ")"),
+                {out("dlogits", {N, Vr}), in("logits", {N, Vr}), in("maxes", {N}), in("sums", {N}, Fill::kPositive),
+                 tokens("targets", {N}, V, Fill::kTargets)},
+                [lo, V, N](auto& t) { ops::crossentropy_backward(t[0], t[1], t[2], t[3], t[4], lo, V, 1.0f / N); }});
          }
          return cases;
        }},

@@ -32,6 +32,10 @@ const char* op_name(Op op) {
       return "residual_forward";
     case Op::kCrossentropyForwardBackward:
       return "crossentropy_forward_backward";
+    case Op::kCrossentropyStats:
+      return "crossentropy_stats";
+    case Op::kCrossentropyBackward:
+      return "crossentropy_backward";
     case Op::kAdamwUpdate:
       return "adamw_update";
     case Op::kGlobalNormSquared:
@@ -46,11 +50,18 @@ const char* op_name(Op op) {
 
 #define H2_NOT_IMPLEMENTED(op) H2_CHECK(false) << "backend '" << name() << "' has no " << op_name(op)
 
-void Kernels::encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int) const {
+void Kernels::encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int, int, int) const {
   H2_NOT_IMPLEMENTED(Op::kEncoderForward);
 }
-void Kernels::encoder_backward(float*, float*, const float*, const int32_t*, int, int, int) const {
+void Kernels::encoder_backward(float*, float*, const float*, const int32_t*, int, int, int, int, int) const {
   H2_NOT_IMPLEMENTED(Op::kEncoderBackward);
+}
+void Kernels::crossentropy_stats(float*, float*, float*, const float*, const int32_t*, int64_t, int, int) const {
+  H2_NOT_IMPLEMENTED(Op::kCrossentropyStats);
+}
+void Kernels::crossentropy_backward(float*, const float*, const float*, const float*, const int32_t*, float, int64_t,
+                                    int, int) const {
+  H2_NOT_IMPLEMENTED(Op::kCrossentropyBackward);
 }
 void Kernels::layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t, int) const {
   H2_NOT_IMPLEMENTED(Op::kLayernormForward);

@@ -33,17 +33,31 @@ enum class Op {
   kGeluBackward,
   kResidualForward,
   kCrossentropyForwardBackward,
+  kCrossentropyStats,
+  kCrossentropyBackward,
   kAdamwUpdate,
   kGlobalNormSquared,
   kScale,
   kConvert,
 };
 inline constexpr Op kAllOps[] = {
-    Op::kEncoderForward,    Op::kEncoderBackward,   Op::kLayernormForward,
-    Op::kLayernormBackward, Op::kMatmulForward,     Op::kMatmulBackward,
-    Op::kAttentionForward,  Op::kAttentionBackward, Op::kGeluForward,
-    Op::kGeluBackward,      Op::kResidualForward,   Op::kCrossentropyForwardBackward,
-    Op::kAdamwUpdate,       Op::kGlobalNormSquared, Op::kScale,
+    Op::kEncoderForward,
+    Op::kEncoderBackward,
+    Op::kLayernormForward,
+    Op::kLayernormBackward,
+    Op::kMatmulForward,
+    Op::kMatmulBackward,
+    Op::kAttentionForward,
+    Op::kAttentionBackward,
+    Op::kGeluForward,
+    Op::kGeluBackward,
+    Op::kResidualForward,
+    Op::kCrossentropyForwardBackward,
+    Op::kCrossentropyStats,
+    Op::kCrossentropyBackward,
+    Op::kAdamwUpdate,
+    Op::kGlobalNormSquared,
+    Op::kScale,
     Op::kConvert,
 };
 const char* op_name(Op op);
@@ -69,11 +83,14 @@ class Kernels {
   virtual const char* name() const = 0;
   virtual bool supports(Op op, DType dtype) const = 0;
 
-  // out (B,T,C) = wte[tokens] (V,C) + wpe[t] (maxT,C). tokens (B,T) in [0, V).
+  // out (B,T,C) = wte[token - vocab_start] (V,C) + wpe[t] (maxT,C). wte holds the vocabulary's rows
+  // [vocab_start, vocab_start + V) — all of them, or a vocabulary-parallel shard (Megatron-LM): a token outside
+  // them adds nothing, and the tensor-parallel group sums its shards' outputs. wpe may be null: no positions.
   virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                               int C) const;
-  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                                int C) const;
+                               int C, int vocab_start, int V) const;
+  // dwte rows of tokens in the shard += dout; dwpe (when not null) += dout summed over the batch.
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                                int vocab_start, int V) const;
   // out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for the backward pass.
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                  const float* bias, int64_t N, int C) const;
@@ -99,6 +116,18 @@ class Kernels {
   // dlogits may be the logits buffer itself (the model overwrites its logits with their gradient).
   virtual void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                              float dloss, int64_t N, int V) const;
+  // Vocabulary-parallel cross-entropy (Megatron-LM's parallel cross-entropy, Shoeybi et al. 2019), in two halves
+  // around the tensor-parallel group's reductions, so that no rank gathers the whole (N, vocabulary) logits.
+  // Stats of this shard's logits (N,V), vocabulary rows [vocab_start, vocab_start + V): per row maxes = max x,
+  // sums = sum exp(x - max), target_logits = x[target - vocab_start] when the target is in the shard, else 0.
+  // Rows with target -1 (ignored) get max 0, sum 1, target logit 0.
+  virtual void crossentropy_stats(float* maxes, float* sums, float* target_logits, const float* logits,
+                                  const int32_t* targets, int64_t N, int V, int vocab_start) const;
+  // With maxes and sums of the whole vocabulary (the group's max, and its sum rescaled to it):
+  // dlogits = (exp(x - max) / sum - onehot(target - vocab_start)) * dloss; rows with target -1 get 0.
+  // dlogits may be the logits buffer itself.
+  virtual void crossentropy_backward(float* dlogits, const float* logits, const float* maxes, const float* sums,
+                                     const int32_t* targets, float dloss, int64_t N, int V, int vocab_start) const;
   // One AdamW step over N parameters, in place on params, m, v.
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t N,
                             const AdamwParams& hp) const;

@@ -113,45 +113,64 @@ const Kernels& select_kernels(Device& device, Op op, DType dtype) {
   return cpu;
 }
 
-void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
-  Args a(Op::kEncoderForward);
+namespace {
+// The embedding ops' shapes: tokens (B,T), table (Vr,C) holding rows [vocab_start, vocab_start + Vr) of a vocabulary
+// of vocab_size (-1: the table is all of it), positions (maxT,C) or undefined.
+struct EncoderDims {
+  int64_t B, T, C, Vr, V;
+};
+EncoderDims encoder_dims(const Args& a, const Tensor& tokens, const Tensor& table, const char* table_name,
+                         const Tensor& positions, const char* positions_name, int64_t vocab_start, int64_t vocab_size) {
   a.dtype(tokens, "tokens", DType::kI32);
-  a.dtype(wte, "wte", DType::kF32);
-  a.dtype(wpe, "wpe", DType::kF32);
-  a.dtype(out, "out", DType::kF32);
+  a.dtype(table, table_name, DType::kF32);
   const int64_t B = a.dim(tokens, "tokens", 2, 0), T = a.dim(tokens, "tokens", 2, 1);
-  const int64_t V = a.dim(wte, "wte", 2, 0), C = a.dim(wte, "wte", 2, 1);
-  a.positive(C, "channels C (wte's second dimension)");
-  if (a.dim(wpe, "wpe", 2, 1) != C) a.fail(cat("'wpe' has shape ", wpe.shape().str(), " but 'wte' has C = ", C));
-  if (wpe.shape()[0] < T) a.fail(cat("sequence length T = ", T, " exceeds the ", wpe.shape()[0], " rows of 'wpe'"));
+  const int64_t Vr = a.dim(table, table_name, 2, 0), C = table.shape()[1];
+  a.positive(C, cat("channels C (", table_name, "'s second dimension)").c_str());
+  const int64_t V = vocab_size < 0 ? Vr : vocab_size;
+  if (vocab_start < 0 || vocab_start + Vr > V) {
+    a.fail(cat("'", table_name, "' holds rows [", vocab_start, ", ", vocab_start + Vr, ") of a vocabulary of ", V));
+  }
+  if (positions.defined()) {
+    a.dtype(positions, positions_name, DType::kF32);
+    if (a.dim(positions, positions_name, 2, 1) != C) {
+      a.fail(cat("'", positions_name, "' has shape ", positions.shape().str(), " but '", table_name, "' has C = ", C));
+    }
+    if (positions.shape()[0] < T) {
+      a.fail(cat("sequence length T = ", T, " exceeds the ", positions.shape()[0], " rows of '", positions_name, "'"));
+    }
+  }
+  a.token_range(tokens, "tokens", V, false);
+  return {B, T, C, Vr, V};
+}
+}  // namespace
+
+void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe, int64_t vocab_start,
+                     int64_t vocab_size) {
+  Args a(Op::kEncoderForward);
+  a.dtype(out, "out", DType::kF32);
+  const auto [B, T, C, Vr, V] = encoder_dims(a, tokens, wte, "wte", wpe, "wpe", vocab_start, vocab_size);
   a.numel(out, "out", B * T * C, cat("B*T*C = ", B, "*", T, "*", C));
   Device& dev = a.device({&out, &tokens, &wte, &wpe});
-  a.token_range(tokens, "tokens", V, false);
   if (B * T == 0) return;
   run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
-    k.encoder_forward(out.data_as<float>(), tokens.data_as<int32_t>(), wte.data_as<float>(), wpe.data_as<float>(),
-                      checked_int(a, B, "B"), checked_int(a, T, "T"), checked_int(a, C, "C"));
+    k.encoder_forward(out.data_as<float>(), tokens.data_as<int32_t>(), wte.data_as<float>(),
+                      wpe.defined() ? wpe.data_as<float>() : nullptr, checked_int(a, B, "B"), checked_int(a, T, "T"),
+                      checked_int(a, C, "C"), checked_int(a, vocab_start, "vocab_start"), checked_int(a, Vr, "Vr"));
   });
 }
 
-void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens) {
+void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
+                      int64_t vocab_start, int64_t vocab_size) {
   Args a(Op::kEncoderBackward);
-  a.dtype(tokens, "tokens", DType::kI32);
-  a.dtype(dwte, "dwte", DType::kF32);
-  a.dtype(dwpe, "dwpe", DType::kF32);
   a.dtype(dout, "dout", DType::kF32);
-  const int64_t B = a.dim(tokens, "tokens", 2, 0), T = a.dim(tokens, "tokens", 2, 1);
-  const int64_t V = a.dim(dwte, "dwte", 2, 0), C = a.dim(dwte, "dwte", 2, 1);
-  a.positive(C, "channels C (dwte's second dimension)");
-  if (a.dim(dwpe, "dwpe", 2, 1) != C) a.fail(cat("'dwpe' has shape ", dwpe.shape().str(), " but 'dwte' has C = ", C));
-  if (dwpe.shape()[0] < T) a.fail(cat("sequence length T = ", T, " exceeds the ", dwpe.shape()[0], " rows of 'dwpe'"));
+  const auto [B, T, C, Vr, V] = encoder_dims(a, tokens, dwte, "dwte", dwpe, "dwpe", vocab_start, vocab_size);
   a.numel(dout, "dout", B * T * C, cat("B*T*C = ", B, "*", T, "*", C));
   Device& dev = a.device({&dwte, &dwpe, &dout, &tokens});
-  a.token_range(tokens, "tokens", V, false);
   if (B * T == 0) return;
   run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
-    k.encoder_backward(dwte.data_as<float>(), dwpe.data_as<float>(), dout.data_as<float>(), tokens.data_as<int32_t>(),
-                       checked_int(a, B, "B"), checked_int(a, T, "T"), checked_int(a, C, "C"));
+    k.encoder_backward(dwte.data_as<float>(), dwpe.defined() ? dwpe.data_as<float>() : nullptr, dout.data_as<float>(),
+                       tokens.data_as<int32_t>(), checked_int(a, B, "B"), checked_int(a, T, "T"),
+                       checked_int(a, C, "C"), checked_int(a, vocab_start, "vocab_start"), checked_int(a, Vr, "Vr"));
   });
 }
 
@@ -380,6 +399,64 @@ void crossentropy_forward_backward(const Tensor& losses, const Tensor& dlogits, 
   run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
     k.crossentropy_forward_backward(losses.data_as<float>(), dlogits.data_as<float>(), logits.data_as<float>(),
                                     targets.data_as<int32_t>(), dloss, N, checked_int(a, V, "V"));
+  });
+}
+
+namespace {
+// The vocabulary-parallel cross-entropy's shapes: logits (N,Vr) of rows [vocab_start, vocab_start + Vr) of a
+// vocabulary of vocab_size; targets and the per-row statistics one element per row.
+struct CrossentropyDims {
+  int64_t N, Vr;
+};
+CrossentropyDims crossentropy_dims(const Args& a, const Tensor& logits, const Tensor& targets,
+                                   std::initializer_list<std::pair<const Tensor*, const char*>> per_row,
+                                   int64_t vocab_start, int64_t vocab_size) {
+  a.dtype(logits, "logits", DType::kF32);
+  a.dtype(targets, "targets", DType::kI32);
+  const int64_t Vr = a.last_dim(logits, "logits");
+  a.positive(Vr, "vocabulary shard Vr (logits' last dimension)");
+  if (vocab_start < 0 || vocab_start + Vr > vocab_size) {
+    a.fail(cat("'logits' hold rows [", vocab_start, ", ", vocab_start + Vr, ") of a vocabulary of ", vocab_size));
+  }
+  const int64_t N = logits.numel() / Vr;
+  a.numel(targets, "targets", N, "one per row of logits");
+  for (const auto& [t, name] : per_row) {
+    a.dtype(*t, name, DType::kF32);
+    a.numel(*t, name, N, "one per row of logits");
+  }
+  a.token_range(targets, "targets", vocab_size, true);
+  return {N, Vr};
+}
+}  // namespace
+
+void crossentropy_stats(const Tensor& maxes, const Tensor& sums, const Tensor& target_logits, const Tensor& logits,
+                        const Tensor& targets, int64_t vocab_start, int64_t vocab_size) {
+  Args a(Op::kCrossentropyStats);
+  const auto [N, Vr] =
+      crossentropy_dims(a, logits, targets, {{&maxes, "maxes"}, {&sums, "sums"}, {&target_logits, "target_logits"}},
+                        vocab_start, vocab_size);
+  Device& dev = a.device({&maxes, &sums, &target_logits, &logits, &targets});
+  if (N == 0) return;
+  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+    k.crossentropy_stats(maxes.data_as<float>(), sums.data_as<float>(), target_logits.data_as<float>(),
+                         logits.data_as<float>(), targets.data_as<int32_t>(), N, checked_int(a, Vr, "Vr"),
+                         checked_int(a, vocab_start, "vocab_start"));
+  });
+}
+
+void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& maxes, const Tensor& sums,
+                           const Tensor& targets, int64_t vocab_start, int64_t vocab_size, float dloss) {
+  Args a(Op::kCrossentropyBackward);
+  const auto [N, Vr] =
+      crossentropy_dims(a, logits, targets, {{&maxes, "maxes"}, {&sums, "sums"}}, vocab_start, vocab_size);
+  a.dtype(dlogits, "dlogits", DType::kF32);
+  a.same_shape(dlogits, "dlogits", logits, "logits");
+  Device& dev = a.device({&dlogits, &logits, &maxes, &sums, &targets});
+  if (N == 0) return;
+  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+    k.crossentropy_backward(dlogits.data_as<float>(), logits.data_as<float>(), maxes.data_as<float>(),
+                            sums.data_as<float>(), targets.data_as<int32_t>(), dloss, N, checked_int(a, Vr, "Vr"),
+                            checked_int(a, vocab_start, "vocab_start"));
   });
 }
 

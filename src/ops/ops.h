@@ -11,9 +11,13 @@
 
 namespace h2::ops {
 
-// tokens (B,T) i32; wte (V,C); wpe (maxT,C) with T <= maxT; out (B,T,C).
-void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
-void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens);
+// tokens (B,T) i32 in [0, vocab_size); wte (Vr,C): the vocabulary's rows [vocab_start, vocab_start + Vr) (a
+// vocabulary-parallel shard; vocab_size = -1 means wte is the whole vocabulary); wpe (maxT,C) with T <= maxT, or
+// undefined (no positions added); out (B,T,C).
+void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                     int64_t vocab_start = 0, int64_t vocab_size = -1);
+void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
+                      int64_t vocab_start = 0, int64_t vocab_size = -1);
 // inp (...,C); weight, bias (C); out like inp; mean, rstd with one element per row.
 void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
                        const Tensor& weight, const Tensor& bias);
@@ -32,6 +36,12 @@ void residual_forward(const Tensor& out, const Tensor& inp1, const Tensor& inp2)
 // logits (...,V); targets with one i32 per row; losses with one f32 per row; dlogits like logits.
 void crossentropy_forward_backward(const Tensor& losses, const Tensor& dlogits, const Tensor& logits,
                                    const Tensor& targets, float dloss);
+// Vocabulary-parallel cross-entropy (kernels.h): logits (...,Vr) of the vocabulary's rows [vocab_start,
+// vocab_start + Vr); targets one i32 per row in [-1, vocab_size); maxes, sums, target_logits one f32 per row.
+void crossentropy_stats(const Tensor& maxes, const Tensor& sums, const Tensor& target_logits, const Tensor& logits,
+                        const Tensor& targets, int64_t vocab_start, int64_t vocab_size);
+void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& maxes, const Tensor& sums,
+                           const Tensor& targets, int64_t vocab_start, int64_t vocab_size, float dloss);
 void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& grads, const AdamwParams& hp);
 // out: one f32 element, to which sum(inp^2) is added.
 void global_norm_squared(const Tensor& out, const Tensor& inp);

@@ -52,13 +52,32 @@ TEST(GradCheck, Encoder) {
   const std::vector<int32_t> tokens = {1, 4, 1, 0, 2, 1};  // token 1 repeats: its gradient rows must add up
   Vec wte = random_vec(V * C, 1), wpe = random_vec(T * C, 2), r = random_vec(B * T * C, 3), out(B * T * C);
   auto loss = [&] {
-    ref::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
+    ref::encoder_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V);
     return dot(r, out);
   };
   Vec dwte(V * C, 0.0), dwpe(T * C, 0.0);
-  ref::encoder_backward(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C);
+  ref::encoder_backward(dwte.data(), dwpe.data(), r.data(), tokens.data(), B, T, C, 0, V);
   expect_gradient("dwte", wte, dwte, loss);
   expect_gradient("dwpe", wpe, dwpe, loss);
+}
+
+// Two vocabulary-parallel shards (rows [0, 2) and [2, 5)) without positions, then positions alone: their outputs
+// add up to the whole table's, and each shard's gradient is its rows of the whole gradient.
+TEST(ClosedForm, EncoderShardsSumToTheWholeTable) {
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<int32_t> tokens = {1, 4, 1, 0, 2, 1};
+  const Vec wte = random_vec(V * C, 1), wpe = random_vec(T * C, 2), dout = random_vec(B * T * C, 3);
+  Vec whole(B * T * C), a(B * T * C), b(B * T * C), pos(B * T * C), zero(C * V, 0.0);
+  ref::encoder_forward(whole.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, 0, V);
+  ref::encoder_forward(a.data(), tokens.data(), wte.data(), static_cast<const double*>(nullptr), B, T, C, 0, 2);
+  ref::encoder_forward(b.data(), tokens.data(), wte.data() + 2 * C, static_cast<const double*>(nullptr), B, T, C, 2, 3);
+  ref::encoder_forward(pos.data(), tokens.data(), zero.data(), wpe.data(), B, T, C, 0, V);
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_NEAR(a[i] + b[i] + pos[i], whole[i], 1e-12) << i;
+  Vec dwhole(V * C, 0.0), dwpe(T * C, 0.0), dshard(3 * C, 0.0);
+  ref::encoder_backward(dwhole.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C, 0, V);
+  ref::encoder_backward(dshard.data(), static_cast<double*>(nullptr), dout.data(), tokens.data(), B, T, C, 2, 3);
+  for (int i = 0; i < 3 * C; ++i)
+    EXPECT_DOUBLE_EQ(dshard[static_cast<size_t>(i)], dwhole[static_cast<size_t>(2 * C + i)]);
 }
 
 TEST(GradCheck, Layernorm) {
@@ -135,6 +154,64 @@ TEST(GradCheck, CrossEntropy) {
   ref::crossentropy_forward_backward(losses.data(), dlogits.data(), logits.data(), targets.data(), dloss, N, V);
   EXPECT_EQ(losses[1], 0.0);
   expect_gradient("dlogits", logits, dlogits, loss);
+}
+
+// The vocabulary-parallel cross-entropy over two shards of the vocabulary (rows [0, 2) and [2, 6)), their
+// statistics combined as a tensor-parallel group would (the max of the maxes, the sums rescaled to it, the target
+// logits summed): the loss equals the fused op's over the whole vocabulary, and each shard's backward is the
+// finite-difference gradient of that loss with respect to its logits.
+TEST(GradCheck, VocabularyParallelCrossEntropy) {
+  const int N = 4, V = 6, split = 2;
+  const std::vector<int32_t> targets = {2, -1, 5, 1};
+  const double dloss = 1.0 / 3;
+  Vec logits = random_vec(N * V, 1);
+  // The shards' logits are columns of the whole (N, V) matrix.
+  auto shard = [&](int lo, int rows) {
+    Vec s(static_cast<size_t>(N * rows));
+    for (int n = 0; n < N; ++n)
+      for (int v = 0; v < rows; ++v) s[static_cast<size_t>(n * rows + v)] = logits[static_cast<size_t>(n * V + lo + v)];
+    return s;
+  };
+  struct Stats {
+    Vec max, sum, target;
+  };
+  auto combined = [&] {
+    Vec a = shard(0, split), b = shard(split, V - split);
+    Stats sa{Vec(N), Vec(N), Vec(N)}, sb = sa, all = sa;
+    ref::crossentropy_stats(sa.max.data(), sa.sum.data(), sa.target.data(), a.data(), targets.data(), N, split, 0);
+    ref::crossentropy_stats(sb.max.data(), sb.sum.data(), sb.target.data(), b.data(), targets.data(), N, V - split,
+                            split);
+    for (int n = 0; n < N; ++n) {
+      all.max[n] = std::max(sa.max[n], sb.max[n]);
+      all.sum[n] = sa.sum[n] * std::exp(sa.max[n] - all.max[n]) + sb.sum[n] * std::exp(sb.max[n] - all.max[n]);
+      all.target[n] = sa.target[n] + sb.target[n];
+    }
+    return all;
+  };
+  auto loss = [&] {
+    const Stats s = combined();
+    double sum = 0;
+    for (int n = 0; n < N; ++n)
+      if (targets[n] >= 0) sum += std::log(s.sum[n]) + s.max[n] - s.target[n];
+    return sum * dloss;
+  };
+  Vec losses(N), fused(N * V);
+  ref::crossentropy_forward_backward(losses.data(), fused.data(), logits.data(), targets.data(), dloss, N, V);
+  double fused_loss = 0;
+  for (double l : losses) fused_loss += l;
+  EXPECT_NEAR(loss(), fused_loss * dloss, 1e-12);
+  // Each shard's gradient from the combined statistics, put back in its columns.
+  const Stats s = combined();
+  Vec grad(N * V);
+  for (auto [lo, rows] : {std::pair{0, split}, {split, V - split}}) {
+    const Vec x = shard(lo, rows);
+    Vec dx(x.size());
+    ref::crossentropy_backward(dx.data(), x.data(), s.max.data(), s.sum.data(), targets.data(), dloss, N, rows, lo);
+    for (int n = 0; n < N; ++n)
+      for (int v = 0; v < rows; ++v) grad[static_cast<size_t>(n * V + lo + v)] = dx[static_cast<size_t>(n * rows + v)];
+  }
+  expect_gradient("dlogits", logits, grad, loss);
+  for (size_t i = 0; i < grad.size(); ++i) EXPECT_NEAR(grad[i], fused[i], 1e-12) << i;
 }
 
 TEST(ClosedForm, AttentionOverOnePositionReturnsItsValue) {

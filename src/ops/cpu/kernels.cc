@@ -89,36 +89,45 @@ class CpuKernels final : public Kernels {
     }
   }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C) const override {
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       int vocab_start, int V) const override {
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < int64_t{B} * T; ++bt) {
-      const float* tok = wte + int64_t{tokens[bt]} * C;
-      const float* pos = wpe + (bt % T) * C;
+      const int64_t row = int64_t{tokens[bt]} - vocab_start;
       float* o = out + bt * C;
+      if (row >= 0 && row < V) {
+        std::copy_n(wte + row * C, C, o);
+      } else {
+        std::fill_n(o, C, 0.0f);  // another shard's token
+      }
+      if (wpe == nullptr) continue;
+      const float* pos = wpe + (bt % T) * C;
 #pragma omp simd
-      for (int c = 0; c < C; ++c) o[c] = tok[c] + pos[c];
+      for (int c = 0; c < C; ++c) o[c] += pos[c];
     }
   }
 
   // Parameter rows are shared between positions (a token repeats), so threads split the channels, not the
   // positions: every thread owns a slice of every row and no two threads write the same element.
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                        int C) const override {
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        int vocab_start, int V) const override {
 #pragma omp parallel
     {
       const int threads = omp_get_num_threads(), id = omp_get_thread_num();
       const int c0 = static_cast<int>(int64_t{C} * id / threads),
                 c1 = static_cast<int>(int64_t{C} * (id + 1) / threads);
       for (int64_t bt = 0; bt < int64_t{B} * T; ++bt) {
-        float* dtok = dwte + int64_t{tokens[bt]} * C;
-        float* dpos = dwpe + (bt % T) * C;
+        const int64_t row = int64_t{tokens[bt]} - vocab_start;
         const float* d = dout + bt * C;
+        if (row >= 0 && row < V) {
+          float* dtok = dwte + row * C;
 #pragma omp simd
-        for (int c = c0; c < c1; ++c) {
-          dtok[c] += d[c];
-          dpos[c] += d[c];
+          for (int c = c0; c < c1; ++c) dtok[c] += d[c];
         }
+        if (dwpe == nullptr) continue;
+        float* dpos = dwpe + (bt % T) * C;
+#pragma omp simd
+        for (int c = c0; c < c1; ++c) dpos[c] += d[c];
       }
     }
   }
@@ -357,6 +366,48 @@ class CpuKernels final : public Kernels {
 #pragma omp simd
       for (int v = 0; v < V; ++v) dx[v] *= inv;
       dx[target] -= dloss;
+    }
+  }
+
+  void crossentropy_stats(float* maxes, float* sums, float* target_logits, const float* logits, const int32_t* targets,
+                          int64_t N, int V, int vocab_start) const override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = logits + n * V;
+      if (targets[n] < 0) {  // ignored position
+        maxes[n] = 0.0f;
+        sums[n] = 1.0f;
+        target_logits[n] = 0.0f;
+        continue;
+      }
+      float max = -INFINITY;
+#pragma omp simd reduction(max : max)
+      for (int v = 0; v < V; ++v) max = x[v] > max ? x[v] : max;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int v = 0; v < V; ++v) sum += vexp(x[v] - max);
+      const int64_t t = int64_t{targets[n]} - vocab_start;
+      maxes[n] = max;
+      sums[n] = sum;
+      target_logits[n] = t >= 0 && t < V ? x[t] : 0.0f;
+    }
+  }
+
+  void crossentropy_backward(float* dlogits, const float* logits, const float* maxes, const float* sums,
+                             const int32_t* targets, float dloss, int64_t N, int V, int vocab_start) const override {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = logits + n * V;
+      float* dx = dlogits + n * V;
+      if (targets[n] < 0) {
+        std::fill(dx, dx + V, 0.0f);
+        continue;
+      }
+      const float max = maxes[n], inv = dloss / sums[n];
+#pragma omp simd
+      for (int v = 0; v < V; ++v) dx[v] = vexp(x[v] - max) * inv;
+      const int64_t t = int64_t{targets[n]} - vocab_start;
+      if (t >= 0 && t < V) dx[t] -= dloss;
     }
   }
 

@@ -10,27 +10,32 @@ namespace h2 {
 namespace ref {
 
 template <typename F>
-void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C) {
+void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C, int vocab_start,
+                     int V) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
-      const int64_t bt = int64_t{b} * T + t;
-      const F* tok = wte + int64_t{tokens[bt]} * C;
-      const F* pos = wpe + int64_t{t} * C;
-      for (int c = 0; c < C; ++c) out[bt * C + c] = static_cast<F>(double{tok[c]} + double{pos[c]});
+      const int64_t bt = int64_t{b} * T + t, row = int64_t{tokens[bt]} - vocab_start;
+      const bool mine = row >= 0 && row < V;  // else another shard's token: it adds nothing here
+      for (int c = 0; c < C; ++c) {
+        const double tok = mine ? double{wte[row * C + c]} : 0.0;
+        const double pos = wpe != nullptr ? double{wpe[int64_t{t} * C + c]} : 0.0;
+        out[bt * C + c] = static_cast<F>(tok + pos);
+      }
     }
   }
 }
 
 template <typename F>
-void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C) {
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C, int vocab_start,
+                      int V) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
-      const int64_t bt = int64_t{b} * T + t;
-      F* dtok = dwte + int64_t{tokens[bt]} * C;
-      F* dpos = dwpe + int64_t{t} * C;
+      const int64_t bt = int64_t{b} * T + t, row = int64_t{tokens[bt]} - vocab_start;
       for (int c = 0; c < C; ++c) {
-        dtok[c] = static_cast<F>(double{dtok[c]} + double{dout[bt * C + c]});
-        dpos[c] = static_cast<F>(double{dpos[c]} + double{dout[bt * C + c]});
+        if (row >= 0 && row < V)
+          dwte[row * C + c] = static_cast<F>(double{dwte[row * C + c]} + double{dout[bt * C + c]});
+        if (dwpe != nullptr)
+          dwpe[int64_t{t} * C + c] = static_cast<F>(double{dwpe[int64_t{t} * C + c]} + double{dout[bt * C + c]});
       }
     }
   }
@@ -239,9 +244,47 @@ void crossentropy_forward_backward(F* losses, F* dlogits, const F* logits, const
   }
 }
 
+template <typename F>
+void crossentropy_stats(F* maxes, F* sums, F* target_logits, const F* logits, const int32_t* targets, int64_t N, int V,
+                        int vocab_start) {
+  for (int64_t n = 0; n < N; ++n) {
+    const F* x = logits + n * V;
+    if (targets[n] < 0) {  // ignored position
+      maxes[n] = F{0};
+      sums[n] = F{1};
+      target_logits[n] = F{0};
+      continue;
+    }
+    double max = -INFINITY;
+    for (int v = 0; v < V; ++v) max = std::max(max, double{x[v]});
+    double sum = 0.0;
+    for (int v = 0; v < V; ++v) sum += std::exp(x[v] - max);
+    const int64_t t = int64_t{targets[n]} - vocab_start;
+    maxes[n] = static_cast<F>(max);
+    sums[n] = static_cast<F>(sum);
+    target_logits[n] = t >= 0 && t < V ? x[t] : F{0};
+  }
+}
+
+template <typename F>
+void crossentropy_backward(F* dlogits, const F* logits, const F* maxes, const F* sums, const int32_t* targets, F dloss,
+                           int64_t N, int V, int vocab_start) {
+  for (int64_t n = 0; n < N; ++n) {
+    const F* x = logits + n * V;
+    F* dx = dlogits + n * V;
+    const int64_t t = int64_t{targets[n]} - vocab_start;
+    for (int v = 0; v < V; ++v) {
+      const double p = targets[n] < 0 ? 0.0 : std::exp(double{x[v]} - maxes[n]) / sums[n];
+      dx[v] = static_cast<F>((p - (targets[n] >= 0 && v == t ? 1.0 : 0.0)) * dloss);
+    }
+  }
+}
+
 #define H2_REF_INSTANTIATE(F)                                                                                      \
-  template void encoder_forward<F>(F*, const int32_t*, const F*, const F*, int, int, int);                         \
-  template void encoder_backward<F>(F*, F*, const F*, const int32_t*, int, int, int);                              \
+  template void encoder_forward<F>(F*, const int32_t*, const F*, const F*, int, int, int, int, int);               \
+  template void encoder_backward<F>(F*, F*, const F*, const int32_t*, int, int, int, int, int);                    \
+  template void crossentropy_stats<F>(F*, F*, F*, const F*, const int32_t*, int64_t, int, int);                    \
+  template void crossentropy_backward<F>(F*, const F*, const F*, const F*, const int32_t*, F, int64_t, int, int);  \
   template void layernorm_forward<F>(F*, F*, F*, const F*, const F*, const F*, int64_t, int);                      \
   template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*, const F*, int64_t, int); \
   template void matmul_forward<F>(F*, const F*, const F*, const F*, int64_t, int, int);                            \
@@ -285,13 +328,13 @@ class RefKernels final : public Kernels {
     }
   }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T,
-                       int C) const override {
-    ref::encoder_forward(out, tokens, wte, wpe, B, T, C);
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                       int vocab_start, int V) const override {
+    ref::encoder_forward(out, tokens, wte, wpe, B, T, C, vocab_start, V);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
-                        int C) const override {
-    ref::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C,
+                        int vocab_start, int V) const override {
+    ref::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, vocab_start, V);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                          int64_t N, int C) const override {
@@ -348,6 +391,14 @@ class RefKernels final : public Kernels {
   void crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                      float dloss, int64_t N, int V) const override {
     ref::crossentropy_forward_backward(losses, dlogits, logits, targets, dloss, N, V);
+  }
+  void crossentropy_stats(float* maxes, float* sums, float* target_logits, const float* logits, const int32_t* targets,
+                          int64_t N, int V, int vocab_start) const override {
+    ref::crossentropy_stats(maxes, sums, target_logits, logits, targets, N, V, vocab_start);
+  }
+  void crossentropy_backward(float* dlogits, const float* logits, const float* maxes, const float* sums,
+                             const int32_t* targets, float dloss, int64_t N, int V, int vocab_start) const override {
+    ref::crossentropy_backward(dlogits, logits, maxes, sums, targets, dloss, N, V, vocab_start);
   }
   void adamw_update(float* params, float* m, float* v, const float* grads, int64_t N,
                     const AdamwParams& hp) const override {

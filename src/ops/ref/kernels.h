@@ -15,9 +15,11 @@ const Kernels& ref_kernels();
 namespace ref {
 
 template <typename F>
-void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C);
+void encoder_forward(F* out, const int32_t* tokens, const F* wte, const F* wpe, int B, int T, int C, int vocab_start,
+                     int V);
 template <typename F>
-void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C);
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int32_t* tokens, int B, int T, int C, int vocab_start,
+                      int V);
 template <typename F>
 void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias, int64_t N, int C);
 template <typename F>
@@ -39,6 +41,12 @@ void gelu_backward(F* dinp, const F* inp, const F* dout, int64_t N);
 template <typename F>
 void crossentropy_forward_backward(F* losses, F* dlogits, const F* logits, const int32_t* targets, F dloss, int64_t N,
                                    int V);
+template <typename F>
+void crossentropy_stats(F* maxes, F* sums, F* target_logits, const F* logits, const int32_t* targets, int64_t N, int V,
+                        int vocab_start);
+template <typename F>
+void crossentropy_backward(F* dlogits, const F* logits, const F* maxes, const F* sums, const int32_t* targets, F dloss,
+                           int64_t N, int V, int vocab_start);
 
 }  // namespace ref
 }  // namespace h2
