@@ -19,14 +19,20 @@ struct ParamSpec {
   TpSplit split = TpSplit::kNone;
 };
 
-// A parameter's shard shape on one of `size` tensor-parallel ranks.
-Shape shard_shape(const ParamSpec& s, int size) {
+// A parameter's shard shape on rank `rank` of `size` tensor-parallel ranks.
+Shape shard_shape(const ParamSpec& s, int rank, int size) {
   if (s.split == TpSplit::kNone || size == 1) return s.shape;
+  if (s.split == TpSplit::kVocabRows) return s.shape.with_dim(0, vocab_shard(s.shape[0], rank, size).count);
   const int dim = s.split == TpSplit::kCols ? 1 : 0;
   return s.shape.with_dim(dim, s.shape[dim] / size);
 }
 
 }  // namespace
+
+RowShard vocab_shard(int64_t n, int rank, int size) {
+  const int64_t first = n * rank / size;
+  return {first, n * (rank + 1) / size - first};
+}
 
 void tp_runs(TpSplit split, const Shape& full, int rank, int size,
              const std::function<void(int64_t, int64_t, int64_t)>& fn) {
@@ -35,6 +41,11 @@ void tp_runs(TpSplit split, const Shape& full, int rank, int size,
     return;
   }
   const int64_t rows = full[0], inner = full.numel() / rows;
+  if (split == TpSplit::kVocabRows) {
+    const RowShard mine = vocab_shard(rows, rank, size);
+    if (mine.count > 0) fn(mine.first * inner, 0, mine.count * inner);
+    return;
+  }
   if (split == TpSplit::kCols) {  // each row's block of columns
     const int64_t cols = inner / size;
     for (int64_t r = 0; r < rows; ++r) fn(r * inner + rank * cols, r * cols, cols);
@@ -90,16 +101,17 @@ GptConfig GptConfig::from_config(const ConfigNode& node) {
   return c;
 }
 
-Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, TensorParallel tp)
-    : config_(config), range_(range), tp_(std::move(tp)), device_(&device), B_(B), T_(T) {
+Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, TensorParallel tp,
+         ActivationPolicy policy)
+    : config_(config), range_(range), tp_(std::move(tp)), policy_(policy), device_(&device), B_(B), T_(T) {
   config_.validate();
   if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size || config.n_head % tp_.size != 0) {
     throw Error(ErrorCode::kInvalidArgument, cat("model: tensor-parallel rank ", tp_.rank, " of ", tp_.size,
                                                  " does not divide n_head = ", config.n_head,
                                                  "; pick a TP degree that divides the number of heads"));
   }
-  if (tp_.size > 1 && !tp_.all_reduce) {
-    throw Error(ErrorCode::kInvalidArgument, "model: tensor parallelism needs the group's all-reduce");
+  if (tp_.size > 1 && (!tp_.all_reduce || !tp_.all_reduce_max)) {
+    throw Error(ErrorCode::kInvalidArgument, "model: tensor parallelism needs the group's all-reduces (sum and max)");
   }
   if (range.first_block < 0 || range.end_block > config.n_layer || range.first_block > range.end_block) {
     throw Error(ErrorCode::kInvalidArgument, cat("model range: blocks [", range.first_block, ", ", range.end_block,
@@ -110,12 +122,13 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                 cat("model: batch ", B, " x sequence ", T,
                     " must be positive with the sequence at most seq_len = ", config.seq_len));
   }
+  if (policy_.slots < 1) throw Error(ErrorCode::kInvalidArgument, cat("model: ", policy_.slots, " activation slots"));
   const int64_t C = config.n_embd, V = config.vocab_size;
-  const int64_t Cs = C / tp_.size;  // this rank's share of the attention and (x4) the MLP units
+  vocab_ = vocab_shard(V, tp_.rank, tp_.size);
 
   // Parameters, in Hugging Face GPT-2 order.
   std::vector<ParamSpec> specs;
-  if (range.embedding || range.head) specs.push_back({"wte.weight", {V, C}, true, false});
+  if (range.embedding || range.head) specs.push_back({"wte.weight", {V, C}, true, false, TpSplit::kVocabRows});
   if (range.embedding) specs.push_back({"wpe.weight", {config.seq_len, C}, true, false});
   for (int b = range.first_block; b < range.end_block; ++b) {
     const std::string p = cat("h.", b, ".");
@@ -137,12 +150,12 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
     specs.push_back({"ln_f.bias", {C}, false, false});
   }
   int64_t total = 0;
-  for (const ParamSpec& s : specs) total += shard_shape(s, tp_.size).numel();
+  for (const ParamSpec& s : specs) total += shard_shape(s, tp_.rank, tp_.size).numel();
   flat_params_ = device.empty(DType::kF32, {total});
   flat_grads_ = device.zeros(DType::kF32, {total});
   int64_t offset = 0;
   for (const ParamSpec& s : specs) {
-    const Shape shape = shard_shape(s, tp_.size);
+    const Shape shape = shard_shape(s, tp_.rank, tp_.size);
     const int64_t n = shape.numel();
     params_.push_back({s.name, flat_params_.slice(offset, offset + n).reshape(shape),
                        flat_grads_.slice(offset, offset + n).reshape(shape), s.decay, s.transposed, s.split, s.shape});
@@ -169,10 +182,18 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                        find(p + "mlp.c_fc.bias"), find(p + "mlp.c_proj.weight"), find(p + "mlp.c_proj.bias")});
   }
 
-  // Activations for one micro-batch (model/costs.h counts the same tensors).
-  Activations first = allocate_activations();
-  swap_activations(first);
+  // What recomputation writes into, shared by every block and slot (model/costs.h counts the same tensors).
   auto f32 = [&](Shape s) { return device.empty(DType::kF32, s); };
+  const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = int64_t{B} * T;
+  if (!blocks_.empty() && policy_.recompute == Recompute::kSelective) shared_.att = f32({B, NH, T, T});
+  if (!blocks_.empty() && policy_.recompute == Recompute::kFull) {
+    shared_ =
+        BlockActs{f32({B, T, C}),     f32({bt}),           f32({bt}),           f32({B, T, 3 * Cs}), f32({B, T, Cs}),
+                  f32({B, NH, T, T}), f32({B, T, C}),      f32({B, T, C}),      f32({B, T, C}),      f32({bt}),
+                  f32({bt}),          f32({B, T, 4 * Cs}), f32({B, T, 4 * Cs}), f32({B, T, C}),      Tensor()};
+  }
+  for (int i = 0; i < policy_.slots; ++i) slots_.push_back(allocate_activations());
+  // Gradient scratch.
   if (range.head) g_lnf_ = f32({B, T, C});
   g_a_ = f32({B, T, C});
   g_b_ = f32({B, T, C});
@@ -185,55 +206,43 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
     g_fch_ = f32({B, T, 4 * Cs});
     g_fch_gelu_ = f32({B, T, 4 * Cs});
   }
+  if (range.head && tp_.size > 1) {
+    ce_max_ = f32({bt});
+    ce_sum_ = f32({bt});
+    ce_target_ = f32({bt});
+  }
 }
 
-Gpt::Activations Gpt::allocate_activations() const {
-  const int64_t B = B_, T = T_, C = config_.n_embd, V = config_.vocab_size;
+Gpt::Activations Gpt::allocate_activations() {
+  const int64_t B = B_, T = T_, C = config_.n_embd;
   const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = B * T;
   auto f32 = [&](Shape s) { return device_->empty(DType::kF32, s); };
   Activations a;
   if (range_.embedding) a.encoded = f32({B, T, C});
-  for (int b = range_.first_block; b < range_.end_block; ++b) {
-    a.blocks.push_back({f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * Cs}), f32({B, T, Cs}), f32({B, NH, T, T}),
-                        f32({B, T, C}), f32({B, T, C}), f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * Cs}),
-                        f32({B, T, 4 * Cs}), f32({B, T, C}), f32({B, T, C})});
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    if (policy_.recompute == Recompute::kFull) {  // the block's output; the rest is recomputed into shared_
+      BlockActs acts = shared_;
+      acts.res3 = f32({B, T, C});
+      a.blocks.push_back(acts);
+      continue;
+    }
+    a.blocks.push_back({f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * Cs}), f32({B, T, Cs}),
+                        policy_.recompute == Recompute::kSelective ? shared_.att : f32({B, NH, T, T}), f32({B, T, C}),
+                        f32({B, T, C}), f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * Cs}), f32({B, T, 4 * Cs}),
+                        f32({B, T, C}), f32({B, T, C})});
   }
   if (range_.head) {
     a.lnf = f32({B, T, C});
     a.lnf_mean = f32({bt});
     a.lnf_rstd = f32({bt});
-    a.logits = f32({B, T, V});
+    a.logits = f32({B, T, vocab_.count});
     a.losses = f32({bt});
   }
   return a;
 }
 
-void Gpt::swap_activations(Activations& a) {
-  std::swap(tokens_, a.tokens);
-  std::swap(input_, a.input);
-  std::swap(encoded_, a.encoded);
-  std::swap(acts_, a.blocks);
-  std::swap(lnf_, a.lnf);
-  std::swap(lnf_mean_, a.lnf_mean);
-  std::swap(lnf_rstd_, a.lnf_rstd);
-  std::swap(logits_, a.logits);
-  std::swap(losses_, a.losses);
-}
-
-void Gpt::set_activation_slots(int n) {
-  H2_CHECK(n >= 1) << "activation slots " << n;
-  use_slot(0);
-  // Slot 0's tensors live in the members (its parked entry stays empty); slots added now get fresh ones.
-  const size_t had = std::max<size_t>(1, parked_.size());
-  parked_.resize(static_cast<size_t>(n));
-  for (size_t i = had; i < parked_.size(); ++i) parked_[i] = allocate_activations();
-}
-
 void Gpt::use_slot(int i) {
-  if (i == slot_) return;
-  H2_CHECK(i >= 0 && static_cast<size_t>(i) < parked_.size()) << "activation slot " << i;
-  swap_activations(parked_[static_cast<size_t>(slot_)]);  // park the current slot's tensors
-  swap_activations(parked_[static_cast<size_t>(i)]);      // and take slot i's
+  H2_CHECK(i >= 0 && i < policy_.slots) << "activation slot " << i << " of " << policy_.slots;
   slot_ = i;
 }
 
@@ -260,12 +269,13 @@ void Gpt::zero_grads() { device_->fill_zero(flat_grads_.data(), flat_grads_.byte
 
 const Tensor& Gpt::output() const {
   H2_CHECK(!range_.head) << "a range with the head has logits, not an output activation";
-  return acts_.empty() ? (range_.embedding ? encoded_ : input_) : acts_.back().res3;
+  const Activations& a = slots_[static_cast<size_t>(slot_)];
+  return a.blocks.empty() ? (range_.embedding ? a.encoded : a.input) : a.blocks.back().res3;
 }
 
 const Tensor& Gpt::logits() const {
   H2_CHECK(range_.head);
-  return logits_;
+  return slots_[static_cast<size_t>(slot_)].logits;
 }
 
 const Tensor& Gpt::dinput() const {
@@ -275,7 +285,7 @@ const Tensor& Gpt::dinput() const {
 
 void Gpt::block_forward(int b, const Tensor& x) {
   const BlockParams& w = blocks_[static_cast<size_t>(b)];
-  BlockActs& a = acts_[static_cast<size_t>(b)];
+  const BlockActs& a = acts().blocks[static_cast<size_t>(b)];
   ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
   ops::matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b);
   ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
@@ -293,31 +303,34 @@ void Gpt::block_forward(int b, const Tensor& x) {
 }
 
 void Gpt::forward(const Tensor& input) {
+  Activations& a = acts();
   const Tensor* x = nullptr;
   if (range_.embedding) {
     if (input.dtype() != DType::kI32 || !(input.shape() == Shape{B_, T_})) {
       throw Error(ErrorCode::kInvalidArgument, cat("model forward: expected tokens i32 [", B_, ", ", T_, "], got ",
                                                    dtype_name(input.dtype()), " ", input.shape().str()));
     }
-    tokens_ = input;
-    ops::encoder_forward(encoded_, input, wte_, wpe_);
-    x = &encoded_;
+    a.tokens = input;
+    // Vocabulary-parallel: this rank's rows of the table, the positions once (rank 0), summed over the group.
+    ops::encoder_forward(a.encoded, input, wte_, tp_.rank == 0 ? wpe_ : Tensor(), vocab_.first, config_.vocab_size);
+    if (tp_.size > 1) tp_.all_reduce(a.encoded);
+    x = &a.encoded;
   } else {
     if (input.dtype() != DType::kF32 || input.numel() != int64_t{B_} * T_ * config_.n_embd) {
       throw Error(ErrorCode::kInvalidArgument,
                   cat("model forward: expected activations f32 [", B_, ", ", T_, ", ", config_.n_embd, "], got ",
                       dtype_name(input.dtype()), " ", input.shape().str()));
     }
-    input_ = input;
-    x = &input_;
+    a.input = input;
+    x = &a.input;
   }
   for (size_t b = 0; b < blocks_.size(); ++b) {
     block_forward(static_cast<int>(b), *x);
-    x = &acts_[b].res3;
+    x = &a.blocks[b].res3;
   }
   if (range_.head) {
-    ops::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, *x, lnf_w_, lnf_b_);
-    ops::matmul_forward(logits_, lnf_, wte_, Tensor());  // tied head: logits = ln_f(x) @ wte^T
+    ops::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, *x, lnf_w_, lnf_b_);
+    ops::matmul_forward(a.logits, a.lnf, wte_, Tensor());  // tied head: logits = ln_f(x) @ wte^T, this rank's rows
   }
 }
 
@@ -327,24 +340,67 @@ float Gpt::loss(const Tensor& targets, float grad_scale) {
     throw Error(ErrorCode::kInvalidArgument, cat("model loss: expected targets i32 [", B_, ", ", T_, "], got ",
                                                  dtype_name(targets.dtype()), " ", targets.shape().str()));
   }
+  Activations& a = acts();
   std::vector<int32_t> host(static_cast<size_t>(targets.numel()));
   copy_to_host(host.data(), targets);
   int64_t counted = 0;
   for (int32_t t : host) counted += t >= 0;
   const float dloss = counted > 0 ? grad_scale / static_cast<float>(counted) : 0.0f;
-  // The gradient is written over the logits: they are not needed again, and this saves a (B,T,V) buffer.
-  ops::crossentropy_forward_backward(losses_, logits_, logits_, targets.reshape({int64_t{B_} * T_}), dloss);
-  std::vector<float> losses(static_cast<size_t>(losses_.numel()));
-  copy_to_host(losses.data(), losses_);
+  const Tensor rows = targets.reshape({int64_t{B_} * T_});
   double sum = 0.0;
-  for (float l : losses) sum += l;
+  if (tp_.size > 1) {
+    sum = parallel_loss(rows, host, dloss);
+  } else {
+    // The gradient is written over the logits: they are not needed again, and this saves a (B,T,V) buffer.
+    ops::crossentropy_forward_backward(a.losses, a.logits, a.logits, rows, dloss);
+    std::vector<float> losses(static_cast<size_t>(a.losses.numel()));
+    copy_to_host(losses.data(), a.losses);
+    for (float l : losses) sum += l;
+  }
   return counted > 0 ? static_cast<float>(sum / static_cast<double>(counted)) : 0.0f;
+}
+
+// Megatron-LM's parallel cross-entropy: each rank's per-row maximum and sum of exponentials over its vocabulary
+// columns, the group's maximum, the sums rescaled to it and summed, and the target's logit from the rank that
+// holds it (the others contribute 0); then each rank's gradient of its columns. Returns the sum of the counted
+// rows' losses.
+float Gpt::parallel_loss(const Tensor& targets, const std::vector<int32_t>& host_targets, float dloss) {
+  Activations& a = acts();
+  const size_t n = host_targets.size();
+  ops::crossentropy_stats(ce_max_, ce_sum_, ce_target_, a.logits, targets, vocab_.first, config_.vocab_size);
+  std::vector<float> local_max(n), global_max(n), sums(n);
+  copy_to_host(local_max.data(), ce_max_);
+  tp_.all_reduce_max(ce_max_);
+  copy_to_host(global_max.data(), ce_max_);
+  copy_to_host(sums.data(), ce_sum_);
+  for (size_t i = 0; i < n; ++i) sums[i] *= std::exp(local_max[i] - global_max[i]);
+  copy_from_host(ce_sum_, sums.data());
+  tp_.all_reduce(ce_sum_);
+  tp_.all_reduce(ce_target_);
+  ops::crossentropy_backward(a.logits, a.logits, ce_max_, ce_sum_, targets, vocab_.first, config_.vocab_size, dloss);
+  std::vector<float> target_logit(n);
+  copy_to_host(sums.data(), ce_sum_);
+  copy_to_host(target_logit.data(), ce_target_);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (host_targets[i] >= 0) sum += std::log(double{sums[i]}) + global_max[i] - target_logit[i];
+  }
+  return static_cast<float>(sum);
 }
 
 // Gradient of one block. `dout` is the gradient of the block's output; `dx` receives its input's gradient.
 void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx) {
   const BlockParams& w = blocks_[static_cast<size_t>(b)];
-  const BlockActs& a = acts_[static_cast<size_t>(b)];
+  const BlockActs& a = acts().blocks[static_cast<size_t>(b)];
+  // Recomputation: the whole block's forward (kFull, into the shared buffers; the row-parallel all-reduces run
+  // again), or only its attention probabilities (kSelective), from what the slot kept.
+  if (policy_.recompute == Recompute::kFull) {
+    block_forward(b, x);
+    ++recomputed_;
+  } else if (policy_.recompute == Recompute::kSelective) {
+    ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
+    ++recomputed_;
+  }
   auto g = [&](const Tensor& value) { return grad_of(value); };
   // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))).
   ops::matmul_backward(g_fch_gelu_, g(w.fcproj_w), g(w.fcproj_b), dout, a.fch_gelu, w.fcproj_w);
@@ -363,13 +419,17 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
 }
 
 void Gpt::backward(const Tensor& dout) {
+  Activations& a = acts();
   // The gradient flowing backwards alternates between the two (B,T,C) buffers g_a_ and g_b_, ending in g_a_.
   const size_t n = blocks_.size();
   Tensor cur = n % 2 == 0 ? g_a_ : g_b_, next = n % 2 == 0 ? g_b_ : g_a_;
-  const Tensor& last_out = n > 0 ? acts_.back().res3 : (range_.embedding ? encoded_ : input_);
+  const Tensor& input = range_.embedding ? a.encoded : a.input;
+  const Tensor& last_out = n > 0 ? a.blocks.back().res3 : input;
   if (range_.head) {
-    ops::matmul_backward(g_lnf_, grad_of(wte_), Tensor(), logits_, lnf_, wte_);
-    ops::layernorm_backward(cur, grad_of(lnf_w_), grad_of(lnf_b_), g_lnf_, last_out, lnf_w_, lnf_mean_, lnf_rstd_);
+    // Vocabulary-parallel: each rank's columns give part of the input gradient; the group sums them.
+    ops::matmul_backward(g_lnf_, grad_of(wte_), Tensor(), a.logits, a.lnf, wte_);
+    if (tp_.size > 1) tp_.all_reduce(g_lnf_);
+    ops::layernorm_backward(cur, grad_of(lnf_w_), grad_of(lnf_b_), g_lnf_, last_out, lnf_w_, a.lnf_mean, a.lnf_rstd);
   } else {
     if (!dout.defined() || dout.numel() != cur.numel()) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -378,12 +438,15 @@ void Gpt::backward(const Tensor& dout) {
     copy(cur, dout);
   }
   for (size_t i = n; i-- > 0;) {
-    const Tensor& x = i > 0 ? acts_[i - 1].res3 : (range_.embedding ? encoded_ : input_);
+    const Tensor& x = i > 0 ? a.blocks[i - 1].res3 : input;
     block_backward(static_cast<int>(i), x, cur, next);
     std::swap(cur, next);
   }
-  // `cur` is now g_a_ and holds the gradient of the range's input.
-  if (range_.embedding) ops::encoder_backward(grad_of(wte_), grad_of(wpe_), cur, tokens_);
+  // `cur` is now g_a_ and holds the gradient of the range's input. Every TP rank holds all of it, so each adds
+  // its vocabulary rows' part and the whole position table's (a replicated parameter) gradient.
+  if (range_.embedding) {
+    ops::encoder_backward(grad_of(wte_), grad_of(wpe_), cur, a.tokens, vocab_.first, config_.vocab_size);
+  }
 }
 
 // Gradients share the parameters' layout, so a parameter's gradient sits at the same offset of flat_grads_.

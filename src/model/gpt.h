@@ -9,18 +9,29 @@
 // approach: the first and last stage then sum that gradient between them).
 //
 // Parameters live in one flat f32 buffer (and gradients in another, same layout) with one named view per
-// tensor, in Hugging Face GPT-2 order and with its names. Memory: parameters, gradients and activations for
-// one micro-batch of B x T, as counted by model/costs.h, plus a few (B,T,C)-sized gradient scratch buffers.
+// tensor, in Hugging Face GPT-2 order and with its names.
+//
+// Memory (model/costs.h counts exactly what is allocated here): parameters and gradients; for each of `slots`
+// micro-batches in flight the activations the backward pass needs, by the recomputation policy (Korthikanti et
+// al. 2022): kNone keeps every block tensor; kSelective keeps all but the attention probabilities (B,NH,T,T),
+// which backward recomputes per block into one shared buffer; kFull keeps each block's output only and recomputes
+// each block's forward, one at a time, into one shared set of block buffers; plus gradient scratch shared by every
+// block and slot.
 //
 // Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM", section 3): with TensorParallel{rank, size > 1} a
 // Gpt holds its TP rank's shard of every block. c_attn and c_fc are split by output rows (column-parallel; for
 // c_attn, each of q, k and v by heads), attn.c_proj and mlp.c_proj by input columns (row-parallel), so the
 // attention heads and the MLP's hidden units are divided over the ranks. Each row-parallel output is summed over
 // the ranks (`all_reduce`, forward), and so is the gradient of each column-parallel input (backward). The
-// row-parallel biases are added once, after the sum. LayerNorms, the embedding and the head are replicated on
-// every TP rank, and so are their gradients. Parameter names stay those of the whole model; Param::full_shape
-// and tp_runs() map a shard to its place in the whole tensor (checkpoints and initialisation use them).
-// Deliberately not here: dropout, KV caching for generation, mixed precision, a vocabulary-parallel head.
+// row-parallel biases are added once, after the sum. The embedding and the head are vocabulary-parallel: rank r
+// holds rows [V r / size, V (r + 1) / size) of `wte` (uneven when size does not divide V); the embedding's lookup
+// adds only its own rows (rank 0 adds the positions) and the group sums the outputs; the head's logits are the
+// rank's vocabulary columns, the loss combines per-row maxima and sums of exponentials over the group
+// (`all_reduce_max`, `all_reduce`) without gathering the logits, and the head's input gradient is summed over the
+// group. LayerNorms and the position table are replicated on every TP rank, and so are their gradients.
+// Parameter names stay those of the whole model; Param::full_shape and tp_runs() map a shard to its place in the
+// whole tensor (checkpoints and initialisation use them).
+// Deliberately not here: dropout, KV caching for generation, mixed precision, sequence parallelism.
 #pragma once
 
 #include <algorithm>
@@ -52,18 +63,32 @@ struct GptConfig {
 
 // How a parameter is divided over tensor-parallel ranks.
 enum class TpSplit {
-  kNone,     // replicated
-  kRows,     // by the first dimension, in one block per rank (c_fc)
-  kQkvRows,  // by the first dimension within each of its three q, k, v thirds (c_attn)
-  kCols,     // by the second dimension (the row-parallel c_proj weights)
+  kNone,       // replicated
+  kRows,       // by the first dimension, in one equal block per rank (c_fc)
+  kQkvRows,    // by the first dimension within each of its three q, k, v thirds (c_attn)
+  kCols,       // by the second dimension (the row-parallel c_proj weights)
+  kVocabRows,  // by the first dimension, rank r taking rows [n r / size, n (r + 1) / size) (wte: vocabulary-parallel)
 };
 
-// The tensor-parallel group a Gpt belongs to. `all_reduce` sums a device tensor in place over the group's
-// ranks; it is needed only when size > 1.
+// The rows [first, first + count) of n that rank `rank` of `size` holds under kVocabRows.
+struct RowShard {
+  int64_t first = 0, count = 0;
+};
+RowShard vocab_shard(int64_t n, int rank, int size);
+
+// The tensor-parallel group a Gpt belongs to: `all_reduce` sums a device tensor in place over the group's ranks,
+// `all_reduce_max` takes its element-wise maximum; both are needed only when size > 1.
 struct TensorParallel {
   int rank = 0;
   int size = 1;
   std::function<void(const Tensor&)> all_reduce;
+  std::function<void(const Tensor&)> all_reduce_max;
+};
+
+// What the model keeps between forward and backward.
+struct ActivationPolicy {
+  Recompute recompute = Recompute::kNone;
+  int slots = 1;  // micro-batches whose activations it holds at once (a pipeline stage: those in flight)
 };
 
 // Calls fn(full_offset, shard_offset, count) for each contiguous run of elements that rank `rank` of `size`
@@ -93,12 +118,15 @@ class Gpt {
   };
 
   // Allocates parameters, gradients and activations for micro-batches of B sequences of length T on `device`,
-  // for rank tp.rank of tp.size tensor-parallel ranks (tp.size must divide n_head).
-  Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, TensorParallel tp = {});
+  // for rank tp.rank of tp.size tensor-parallel ranks (tp.size must divide n_head), keeping what `policy` says.
+  Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, TensorParallel tp = {},
+      ActivationPolicy policy = {});
 
   const GptConfig& config() const { return config_; }
   const GptRange& range() const { return range_; }
   const TensorParallel& tp() const { return tp_; }
+  const ActivationPolicy& policy() const { return policy_; }
+  RowShard vocab() const { return vocab_; }  // this rank's rows of the vocabulary
   Device& device() const { return *device_; }
   int batch() const { return B_; }
   int seq() const { return T_; }
@@ -124,53 +152,56 @@ class Gpt {
   // gradient comes from loss(). Parameter gradients accumulate; without the embedding, dinput() is set.
   void backward(const Tensor& dout = Tensor());
 
-  // Activations for `n` micro-batches instead of one (slot 0 is the one allocated with the model): a pipeline
-  // stage that keeps several micro-batches' activations for their backward passes instead of recomputing them.
-  // use_slot(i) makes slot i the one forward() fills and backward() reads; switching moves no data.
-  void set_activation_slots(int n);
+  // Makes slot i (of policy().slots) the one forward() fills and backward() reads; switching moves no data.
   void use_slot(int i);
-  int activation_slots() const { return std::max<int>(1, static_cast<int>(parked_.size())); }
+  int activation_slots() const { return policy_.slots; }
+  // Blocks whose forward (kFull) or attention core (kSelective) backward has recomputed so far.
+  int64_t recomputed_blocks() const { return recomputed_; }
 
   const Tensor& output() const;  // (B,T,C), without the head
-  const Tensor& logits() const;  // (B,T,V), with the head, after forward() and before loss()
+  const Tensor& logits() const;  // (B,T,Vr), this rank's vocabulary columns, with the head, before loss()
   const Tensor& dinput() const;  // (B,T,C), without the embedding, after backward()
 
  private:
   struct BlockParams {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
   };
+  // A block's activations. Under recomputation some of them alias buffers shared by every block and slot.
   struct BlockActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, res3;
   };
-  // One micro-batch's activations; the current slot's live in the members below, the others are parked.
+  // One micro-batch's activations (a slot).
   struct Activations {
-    Tensor tokens, input, encoded;
+    Tensor tokens, input;  // views of the caller's tensors, kept for backward
+    Tensor encoded;
     std::vector<BlockActs> blocks;
     Tensor lnf, lnf_mean, lnf_rstd, logits, losses;
   };
-  Activations allocate_activations() const;
-  void swap_activations(Activations& a);
+  Activations allocate_activations();
   Tensor grad_of(const Tensor& value) const;
   void block_forward(int b, const Tensor& x);
   void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);
+  float parallel_loss(const Tensor& targets, const std::vector<int32_t>& host_targets, float dloss);
+  Activations& acts() { return slots_[static_cast<size_t>(slot_)]; }
 
   GptConfig config_;
   GptRange range_;
   TensorParallel tp_;
+  ActivationPolicy policy_;
   Device* device_;
   int B_, T_;
+  RowShard vocab_;
   std::vector<Param> params_;
   Tensor flat_params_, flat_grads_;
   Tensor wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<BlockParams> blocks_;
-  // Activations.
-  Tensor tokens_, input_, encoded_;
-  std::vector<BlockActs> acts_;
-  Tensor lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
-  std::vector<Activations> parked_;  // with more than one slot: every slot's, the current one's empty
+  std::vector<Activations> slots_;
   int slot_ = 0;
-  // Gradient scratch, reused by every block.
+  int64_t recomputed_ = 0;
+  BlockActs shared_;  // what kSelective (att) and kFull (all but res3) recompute into, shared by blocks and slots
+  // Gradient scratch, reused by every block; the vocabulary-parallel loss's per-row statistics.
   Tensor g_a_, g_b_, g_ln_, g_tmp_, g_res2_, g_atty_, g_qkv_, g_fch_, g_fch_gelu_, g_lnf_;
+  Tensor ce_max_, ce_sum_, ce_target_;
 };
 
 }  // namespace h2

@@ -116,6 +116,7 @@ class RankTraining {
         T_(c_.model.seq_len),
         M_(plan_.num_micro_batches),
         rows_(static_cast<int>(plan_.global_batch / M_)),
+        schedule_(add_gradient_reduction(lower_communication(schedule_1f1b(layout_.num_stages(), M_)))),
         checkpoint_dir_((fs::path(c_.out_dir) / "checkpoints").string()) {
     build_stage();
   }
@@ -147,7 +148,8 @@ class RankTraining {
   const StageLayout::Place place_;
   StageComms comms_;
   const StagePlan& stage_;
-  const int T_, M_, rows_;  // rows: a micro-batch's sequences over all of a stage's replicas
+  const int T_, M_, rows_;   // rows: a micro-batch's sequences over all of a stage's replicas
+  const Schedule schedule_;  // 1F1B, lowered
   const std::string checkpoint_dir_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<StageRunner> runner_;
@@ -162,13 +164,11 @@ void RankTraining::build_stage() {
   device_ =
       create_device(DeviceSpec{.backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, stage_.chip)});
   const GptRange range{stage_.embedding, stage_.first_layer, stage_.first_layer + stage_.layers, stage_.head};
+  // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
   runner_ = std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
-                                          OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1});
+                                          OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
+                                          ActivationPolicy{stage_.recompute, max_in_flight(schedule_, place_.stage)});
   runner_->model().init(c_.seed);
-  // The plan's recomputation: a stage planned without it keeps the activations of the micro-batches 1F1B has in
-  // flight there; with selective or full recomputation it keeps one and recomputes the others (the runtime
-  // cannot drop only the attention scores, so selective is run as full).
-  if (stage_.recompute == Recompute::kNone) runner_->keep_activations(std::max(1, stage_.in_flight));
 }
 
 void RankTraining::load_data() {
@@ -263,7 +263,6 @@ RankOutcome RankTraining::train(const std::atomic<bool>* stop_requested) {
     }
     if (fault_rank == rank_) kill_step = fault_step;
   }
-  const Schedule schedule = add_gradient_reduction(lower_communication(schedule_1f1b(layout_.num_stages(), M_)));
   int64_t step = 0;
   runner_->on_action = [&](const Action& a, double t0, double t1) {
     if (step + 1 == kill_step) std::raise(SIGKILL);
@@ -291,7 +290,7 @@ RankOutcome RankTraining::train(const std::atomic<bool>* stop_requested) {
     if (loader_) loader_->next(tokens_, targets_);
     const double lr = learning_rate(c_, step);
     const float loss = runner_->step(
-        schedule, [this](auto&&... a) { take_rows(a...); }, adamw_params(c_, step));
+        schedule_, [this](auto&&... a) { take_rows(a...); }, adamw_params(c_, step));
     const double dt = monotonic_seconds() - t0;
     all += dt;
     if (step >= first_step_ + 2) {

@@ -1,12 +1,13 @@
 // The stage runner: action interpreter, gradient reduction (plain or ZeRO-1) and the optimizer step.
 #include "pipeline/runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "core/clock.h"
 #include "ops/ops.h"
-#include "train/trainer.h"
+#include "train/optimizer.h"
 
 namespace h2 {
 namespace {
@@ -61,23 +62,53 @@ StageComms StageComms::split(Communicator& world, const StageLayout& layout) {
     throw Error(ErrorCode::kInvalidArgument, cat("pipeline: the layout's ", layout.num_stages(), " stages need ",
                                                  layout.world_size(), " ranks, the job has ", world.size()));
   }
-  const int rank = world.rank(), last = layout.num_stages() - 1;
+  const int rank = world.rank();
   const StageLayout::Place p = layout.place(rank);
   Communicator all = world.split(0, rank);
   Communicator dp = world.split(layout.rank_of(p.stage, 0, p.t), p.replica);
   Communicator tp = world.split(layout.rank_of(p.stage, p.replica, 0), p.t);
-  // The tied embedding: pairs of the same (replica, TP rank) when the two ends have the same shape, else one
-  // group of both ends' ranks.
-  const StageShape first = layout.stages.front(), end = layout.stages.back();
-  const bool ends = last > 0 && (p.stage == 0 || p.stage == last);
-  const bool pairs = first.dp == end.dp && first.tp == end.tp;
-  const int colour = !ends ? layout.world_size() + rank : pairs ? p.replica * first.tp + p.t : 0;
-  Communicator tied = world.split(colour, rank);
-  return StageComms{std::move(all), std::move(dp), std::move(tp), std::move(tied)};
+  return StageComms{std::move(all), std::move(dp), std::move(tp)};
+}
+
+TiedExchange tied_exchange(const StageLayout& layout, int64_t vocab, int rank, bool summed_over_replicas) {
+  TiedExchange out;
+  const int last = layout.num_stages() - 1;
+  const StageLayout::Place me = layout.place(rank);
+  if (last == 0 || (me.stage != 0 && me.stage != last)) return out;
+  const int other = me.stage == 0 ? last : 0;
+  const StageShape mine = layout.stages[static_cast<size_t>(me.stage)],
+                   theirs = layout.stages[static_cast<size_t>(other)];
+  const RowShard rows = vocab_shard(vocab, me.t, mine.tp);
+  // The other end's replicas this rank exchanges with: with summed gradients, it takes one replica's sum (its own
+  // index modulo theirs) and gives its sum to every replica that takes it; with each replica's own gradient, the
+  // other end's replica e reaches our replica e modulo ours, and ours reaches theirs modulo theirs.
+  std::vector<int> recv_from, send_to;
+  for (int e = 0; e < theirs.dp; ++e) {
+    if (summed_over_replicas) {
+      if (e == me.replica % theirs.dp) recv_from.push_back(e);
+      if (e % mine.dp == me.replica) send_to.push_back(e);
+    } else {
+      if (e % mine.dp == me.replica) recv_from.push_back(e);
+      if (e == me.replica % theirs.dp) send_to.push_back(e);
+    }
+  }
+  // Within a replica, the TP ranks whose vocabulary rows overlap ours.
+  const auto overlaps = [&](const std::vector<int>& replicas, std::vector<TiedRows>& list) {
+    for (int e : replicas) {
+      for (int t = 0; t < theirs.tp; ++t) {
+        const RowShard r = vocab_shard(vocab, t, theirs.tp);
+        const int64_t lo = std::max(rows.first, r.first), hi = std::min(rows.first + rows.count, r.first + r.count);
+        if (lo < hi) list.push_back({layout.rank_of(other, e, t), lo, hi - lo});
+      }
+    }
+  };
+  overlaps(send_to, out.send);
+  overlaps(recv_from, out.recv);
+  return out;
 }
 
 StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout,
-                         StageComms& comms, int rows, int T, OptimOptions options)
+                         StageComms& comms, int rows, int T, OptimOptions options, ActivationPolicy policy)
     : config_(config),
       device_(device),
       range_(range),
@@ -87,7 +118,6 @@ StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range
       all_(comms.all),
       dp_(comms.dp),
       tp_(comms.tp),
-      tied_(comms.tied),
       rows_(rows),
       T_(T),
       options_(options),
@@ -106,8 +136,7 @@ StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range
                       " replicas do not divide a micro-batch of ", rows, " sequences; pick a micro-batch they divide"));
     }
   }
-  const StageShape shape = layout.stages[static_cast<size_t>(stage)];
-  B_ = rows / shape.dp;
+  B_ = rows / layout.stages[static_cast<size_t>(stage)].dp;
   const int me = comms.all.rank();
   auto mine = [&](int from, int to, bool sending) {
     std::vector<Transfer> out;
@@ -124,56 +153,85 @@ StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range
     to_next_ = mine(stage, stage + 1, true);
     from_next_ = mine(stage + 1, stage, false);
   }
-  TensorParallel tp{place_.t, shape.tp, [this](const Tensor& x) { tp_.all_reduce(x, ReduceOp::kSum); }};
-  model_ = std::make_unique<Gpt>(config, device, range, B_, T, std::move(tp));
-  const int64_t n = model_->num_params();
-  const int64_t shard = options_.zero1 ? (n + shape.dp - 1) / shape.dp : n;
-  optimizer_ = OptimizerState{device.zeros(DType::kF32, {shard}), device.zeros(DType::kF32, {shard})};
-  tokens_.push_back(device.empty(DType::kI32, {B_, T}));
-  targets_ = device.empty(DType::kI32, {B_, T});
-  if (!last_) dout_ = device.empty(DType::kF32, {B_, T, config.n_embd});
-  norm_acc_ = device.zeros(DType::kF32, {1});
+  tied_ = tied_exchange(layout, config.vocab_size, me, !options_.zero1);
+  try {
+    allocate(policy);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kOutOfMemory) throw;
+    throw Error(ErrorCode::kOutOfMemory, cat("pipeline stage ", stage, " (rank ", me, ", replica ", place_.replica,
+                                             ", TP rank ", place_.t, "): ", e.what()));
+  }
 }
 
-void StageRunner::load_input(int m, const Batch& batch) {
-  if (!first_ && !last_) return;
-  std::vector<int32_t> tokens, targets;
-  batch(m, place_.replica * B_, B_, tokens, targets);
-  if (first_) copy_from_host(tokens_[slot_of(m)], tokens.data());
-  if (last_) copy_from_host(targets_, targets.data());
+// Every device allocation of the stage, once (model/costs.h's stage_memory counts the same).
+void StageRunner::allocate(ActivationPolicy policy) {
+  const StageShape shape = layout_.stages[static_cast<size_t>(place_.stage)];
+  TensorParallel tp{place_.t, shape.tp, [this](const Tensor& x) { tp_.all_reduce(x, ReduceOp::kSum); },
+                    [this](const Tensor& x) { tp_.all_reduce(x, ReduceOp::kMax); }};
+  model_ = std::make_unique<Gpt>(config_, device_, range_, B_, T_, std::move(tp), policy);
+  const int64_t n = model_->num_params();
+  const int64_t shard = options_.zero1 ? (n + shape.dp - 1) / shape.dp : n;
+  optimizer_ = OptimizerState{device_.zeros(DType::kF32, {shard}), device_.zeros(DType::kF32, {shard})};
+  norm_acc_ = device_.zeros(DType::kF32, {1});
+  slot_holds_.assign(static_cast<size_t>(policy.slots), -1);
+  const Shape act{B_, T_, config_.n_embd};
+  for (int i = 0; i < policy.slots; ++i) {
+    if (first_) tokens_.push_back(device_.empty(DType::kI32, {B_, T_}));
+    if (!first_) stash_.push_back(device_.empty(DType::kF32, act));
+  }
+  if (last_) targets_ = device_.empty(DType::kI32, {B_, T_});
+  if (!last_) dout_ = device_.empty(DType::kF32, act);
+  if (!first_) {
+    for (int i = 0; i < kGradientBuffers; ++i) gout_.push_back(device_.empty(DType::kF32, act));
+  }
+}
+
+int StageRunner::slot_of(int m) {
+  for (size_t i = 0; i < slot_holds_.size(); ++i) {
+    if (slot_holds_[i] == m) return static_cast<int>(i);
+  }
+  for (size_t i = 0; i < slot_holds_.size(); ++i) {
+    if (slot_holds_[i] < 0) {
+      wait_sends(static_cast<int>(i));  // its last activation must have left before it is rewritten
+      slot_holds_[i] = m;
+      return static_cast<int>(i);
+    }
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              cat("pipeline stage ", place_.stage, ": the schedule keeps more than ", slot_holds_.size(),
+                  " micro-batches in flight, the activation slots this stage was built with"));
 }
 
 float StageRunner::loss_scale() const { return 1.0f / static_cast<float>(micro_batches_ * layout_.stages.back().dp); }
 
-void StageRunner::keep_activations(int micro_batches) {
-  model_->set_activation_slots(micro_batches);
-  while (tokens_.size() < static_cast<size_t>(micro_batches)) tokens_.push_back(device_.empty(DType::kI32, {B_, T_}));
-  holds_.assign(static_cast<size_t>(micro_batches), -1);
-}
-
 void StageRunner::forward(int m, const Batch& batch) {
-  const size_t slot = slot_of(m);
-  model_->use_slot(static_cast<int>(slot));
-  load_input(m, batch);
-  model_->forward(first_ ? tokens_[slot] : stash_[static_cast<size_t>(m)]);
-  holds_[slot] = m;
+  const int slot = slot_of(m);
+  model_->use_slot(slot);
+  if (first_ || last_) {
+    std::vector<int32_t> tokens, targets;
+    batch(m, place_.replica * B_, B_, tokens, targets);
+    if (first_) copy_from_host(tokens_[static_cast<size_t>(slot)], tokens.data());
+    if (last_) copy_from_host(targets_, targets.data());
+  }
+  model_->forward(first_ ? tokens_[static_cast<size_t>(slot)] : stash_[static_cast<size_t>(slot)]);
 }
 
-void StageRunner::backward(int m, const Batch& batch) {
-  const size_t slot = slot_of(m);
-  model_->use_slot(static_cast<int>(slot));
-  if (holds_[slot] != m) {  // recompute this micro-batch's activations from its stashed input
-    ++recomputed_;
-    forward(m, batch);
-    if (last_) model_->loss(targets_, loss_scale());
-  }
+void StageRunner::backward(int m) {
+  const int slot = slot_of(m);
+  model_->use_slot(slot);
   if (last_) {
     model_->backward();
   } else {
     model_->backward(dout_);
   }
-  if (!first_) copy(gout_[static_cast<size_t>(m)], model_->dinput());
-  holds_[slot] = -1;  // backward consumed the activations
+  if (!first_) {
+    // The input gradient goes out from one of the gradient buffers in turn, once its previous send has left.
+    const int buffer = gout_next_++ % kGradientBuffers;
+    wait_sends(kSlotOwners + buffer);
+    copy(gout_[static_cast<size_t>(buffer)], model_->dinput());
+    gout_of_[static_cast<size_t>(m)] = buffer;
+  }
+  slot_holds_[static_cast<size_t>(slot)] = -1;  // backward consumed the activations
 }
 
 // Rows of a micro-batch's piece within this replica's part of it.
@@ -182,8 +240,18 @@ Tensor StageRunner::rows_of(const Tensor& t, const Transfer& piece) const {
   return t.slice(lo, lo + piece.rows);
 }
 
-void StageRunner::send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag) {
-  for (const Transfer& p : pieces) sends_.emplace_back(p.to, all_.isend(rows_of(t, p), p.to, tag));
+void StageRunner::send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag, int owner) {
+  for (const Transfer& p : pieces) sends_.push_back({owner, p.to, all_.isend(rows_of(t, p), p.to, tag)});
+}
+
+void StageRunner::wait_sends(int owner) {
+  for (PendingSend& s : sends_) {
+    if ((owner < 0 || s.owner == owner) && s.request) {
+      comms_.all.wait_request(*s.request, "pipeline send", s.peer);
+      s.request.reset();
+    }
+  }
+  std::erase_if(sends_, [](const PendingSend& s) { return !s.request; });
 }
 
 void StageRunner::receive(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag) {
@@ -197,36 +265,34 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
                                                  schedule.ranks, " ranks; this pipeline has ", layout_.num_stages()));
   }
   micro_batches_ = schedule.micro_batches;
-  ensure_buffers(micro_batches_);
+  gout_of_.assign(static_cast<size_t>(micro_batches_), -1);
   model_->zero_grads();
   loss_sum_ = 0;
-  std::fill(holds_.begin(), holds_.end(), -1);
+  std::fill(slot_holds_.begin(), slot_holds_.end(), -1);
   for (const Action& a : schedule.actions[static_cast<size_t>(stage)]) {
-    const size_t m = static_cast<size_t>(a.micro_batch);
+    const int m = a.micro_batch;
     const double t0 = on_action ? monotonic_seconds() : 0;
     switch (a.type) {
       case ActionType::kRecvF:
-        receive(from_prev_, stash_[m], activation_tag(a.micro_batch));
+        receive(from_prev_, stash_[static_cast<size_t>(slot_of(m))], activation_tag(m));
         break;
       case ActionType::kForward:
-        forward(a.micro_batch, batch);
-        if (last_) {
-          loss_sum_ += model_->loss(targets_, loss_scale());
-        } else {
-          copy(out_[m], model_->output());
-        }
+        forward(m, batch);
+        if (last_) loss_sum_ += model_->loss(targets_, loss_scale());
         break;
-      case ActionType::kSendF:
-        send(to_next_, out_[m], activation_tag(a.micro_batch));
+      case ActionType::kSendF:  // straight from the model's output, which its slot keeps until its backward
+        model_->use_slot(slot_of(m));
+        send(to_next_, model_->output(), activation_tag(m), slot_of(m));
         break;
       case ActionType::kRecvB:
-        receive(from_next_, dout_, gradient_tag(a.micro_batch));
+        receive(from_next_, dout_, gradient_tag(m));
         break;
       case ActionType::kBackward:
-        backward(a.micro_batch, batch);
+        backward(m);
         break;
       case ActionType::kSendB:
-        send(to_prev_, gout_[m], gradient_tag(a.micro_batch));
+        send(to_prev_, gout_[static_cast<size_t>(gout_of_[static_cast<size_t>(m)])], gradient_tag(m),
+             kSlotOwners + gout_of_[static_cast<size_t>(m)]);
         break;
       case ActionType::kReduceGrad:
         reduce_gradients();
@@ -240,20 +306,8 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
       on_action(a, t0, monotonic_seconds());
     }
   }
-  for (auto& [peer, request] : sends_) {
-    if (request) comms_.all.wait_request(*request, "pipeline send", peer);
-  }
-  sends_.clear();
+  wait_sends(-1);
   return share_loss(loss_sum_, micro_batches_);
-}
-
-void StageRunner::ensure_buffers(int micro_batches) {
-  const Shape act{B_, T_, config_.n_embd};
-  while (stash_.size() < static_cast<size_t>(micro_batches)) {
-    stash_.push_back(first_ ? Tensor() : device_.empty(DType::kF32, act));
-    out_.push_back(last_ ? Tensor() : device_.empty(DType::kF32, act));
-    gout_.push_back(first_ ? Tensor() : device_.empty(DType::kF32, act));
-  }
 }
 
 // The mean over micro-batches on the last stage, averaged over its replicas, then sent to every rank.
@@ -265,44 +319,60 @@ float StageRunner::share_loss(double loss_sum, int micro_batches) {
 }
 
 float StageRunner::evaluate(int micro_batches, const Batch& batch) {
-  ensure_buffers(1);
   double loss_sum = 0;
   for (int m = 0; m < micro_batches; ++m) {
-    if (!first_) receive(from_prev_, stash_[0], activation_tag(m));
-    load_input(m, batch);
-    const size_t slot = slot_of(m);  // where load_input put the tokens
-    model_->use_slot(static_cast<int>(slot));
-    model_->forward(first_ ? tokens_[slot] : stash_[0]);
+    std::fill(slot_holds_.begin(), slot_holds_.end(), -1);
+    if (!first_) receive(from_prev_, stash_[static_cast<size_t>(slot_of(m))], activation_tag(m));
+    forward(m, batch);
     if (last_) {
       loss_sum += model_->loss(targets_, 0.0f);  // no gradient wanted
     } else {
-      copy(out_[0], model_->output());
-      for (const Transfer& p : to_next_) all_.send(rows_of(out_[0], p), p.to, activation_tag(m));
+      for (const Transfer& p : to_next_) all_.send(rows_of(model_->output(), p), p.to, activation_tag(m));
     }
   }
-  std::fill(holds_.begin(), holds_.end(), -1);
+  std::fill(slot_holds_.begin(), slot_holds_.end(), -1);
   return share_loss(loss_sum, micro_batches);
 }
 
 void StageRunner::reduce_gradients() {
   // Without ZeRO-1 the replicas sum first (a stage need not wait for the other end of the pipeline for that),
-  // then the ends sum the tied embedding. With ZeRO-1 the replicas' reduce-scatter comes in OPTIM, so the ends
-  // sum their own gradients here first. Pairs (ends of the same DP and TP) add their gradients as they are; one
-  // group of both ends' ranks scales each rank's part so that the sum counts each TP copy and (after the
-  // replicas' sum) each replica once.
-  const StageShape shape = layout_.stages[static_cast<size_t>(place_.stage)];
-  const bool plain = !options_.zero1;
-  if (plain && comms_.dp.size() > 1) dp_.all_reduce(model_->flat_grads(), ReduceOp::kSum);
-  if (comms_.tied.size() <= 1) return;
-  const bool pairs = comms_.tied.size() == 2;
-  const float before = pairs ? 1.0f : 1.0f / static_cast<float>(plain ? shape.tp * shape.dp : shape.tp);
-  const float after = pairs || plain ? 1.0f : 1.0f / static_cast<float>(shape.dp);
+  // then the ends exchange their sums of the tied embedding's rows. With ZeRO-1 the replicas' reduce-scatter
+  // comes in OPTIM, so the ends exchange each replica's own gradient here.
+  if (!options_.zero1 && comms_.dp.size() > 1) dp_.all_reduce(model_->flat_grads(), ReduceOp::kSum);
+  reduce_tied_embedding();
+}
+
+// Each rank sends its rows of wte's gradient to the other end's ranks that hold them (tied_exchange) and adds
+// what it receives. Through host memory, all sends and receives posted before any wait: no device memory beyond
+// the stage's own, and no order in which two ranks wait for each other.
+void StageRunner::reduce_tied_embedding() {
+  if (tied_.send.empty() && tied_.recv.empty()) return;
+  Gpt::Param* wte = nullptr;
   for (Gpt::Param& p : model_->params()) {
-    if (p.name != "wte.weight") continue;
-    if (before != 1.0f) ops::scale(p.grad, before);
-    tied_.all_reduce(p.grad, ReduceOp::kSum);
-    if (after != 1.0f) ops::scale(p.grad, after);
+    if (p.name == "wte.weight") wte = &p;
   }
+  H2_CHECK(wte != nullptr) << "an end of the pipeline without the tied embedding";
+  const int64_t C = config_.n_embd, first = model_->vocab().first;
+  std::vector<float> own(static_cast<size_t>(wte->grad.numel()));
+  copy_to_host(own.data(), wte->grad);
+  std::vector<std::vector<float>> received;
+  std::vector<std::pair<int, std::unique_ptr<Request>>> requests;
+  const uint32_t tag = Communicator::kMaxUserTag - 1;
+  for (const TiedRows& r : tied_.recv) {
+    received.emplace_back(static_cast<size_t>(r.count * C));
+    requests.emplace_back(r.peer, comms_.all.irecv(received.back().data(), received.back().size() * 4, r.peer, tag));
+  }
+  const std::vector<float> snapshot = own;  // what is sent is this rank's gradient before it adds the others'
+  for (const TiedRows& r : tied_.send) {
+    requests.emplace_back(r.peer, comms_.all.isend(snapshot.data() + (r.first - first) * C,
+                                                   static_cast<size_t>(r.count * C) * 4, r.peer, tag));
+  }
+  for (auto& [peer, request] : requests) comms_.all.wait_request(*request, "tied embedding", peer);
+  for (size_t i = 0; i < tied_.recv.size(); ++i) {
+    float* rows = own.data() + (tied_.recv[i].first - first) * C;
+    for (size_t j = 0; j < received[i].size(); ++j) rows[j] += received[i][j];
+  }
+  copy_from_host(wte->grad, own.data());
 }
 
 void StageRunner::optimize(AdamwParams hp) {

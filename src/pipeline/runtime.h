@@ -7,17 +7,20 @@
 // of the other stage whose rows overlap its own, that overlap - sent by the TP rank whose index is its own
 // modulo the sender's TP degree - so activations (forward) and their gradients (backward) are resharded when
 // neighbouring stages differ in DP or TP (tags encode direction and micro-batch).
-// REDUCE_GRAD sums the stage's gradients over its replicas (all-reduce, or with ZeRO-1 a reduce-scatter whose
-// shard the rank updates and all-gathers back) after summing the tied token-embedding gradient between the first
-// and the last stage; OPTIM takes the global gradient norm over every rank, counting replicated tensors once,
-// clips, and runs AdamW - the same step as single-device training. The loss gradient is scaled by
-// 1 / (micro-batches x the last stage's replicas), so these sums are the gradient of the mean loss.
+// REDUCE_GRAD sums the stage's gradients over its replicas (all-reduce; with ZeRO-1 that is a reduce-scatter in
+// OPTIM, whose shard the rank updates and all-gathers back) and the tied token embedding's gradient between the
+// first and the last stage, row range by row range of their vocabulary-parallel shards; OPTIM takes the global
+// gradient norm over every rank, counting replicated tensors once, clips, and runs AdamW - the same step as
+// single-device training (train/optimizer.h). The loss gradient is scaled by 1 / (micro-batches x the last
+// stage's replicas), so these sums are the gradient of the mean loss.
 //
-// Activation memory: the model holds one micro-batch's activations (or k with keep_activations(k)). A stage
-// stashes each in-flight micro-batch's input (rows x T x C) and, when a backward comes for a micro-batch whose
-// activations it no longer holds, recomputes that forward first (Chen et al. 2016) - exact, since forward is
-// deterministic. 1F1B's last stage runs each backward right after its forward and never recomputes; a stage
-// keeping as many micro-batches as 1F1B has in flight there never does either.
+// Memory (model/costs.h's stage_memory counts exactly these device allocations): the model (parameters,
+// gradients, activations of the micro-batches in flight by the stage's recomputation policy, gradient scratch);
+// per micro-batch in flight its input (stash, not on the first stage) and tokens (first stage); one buffer for
+// the received output gradient (not on the last stage), two for input gradients being sent (not on the first
+// stage), the targets (last stage) and the AdamW moments (the stage's shard under ZeRO-1). Activations are sent
+// straight from the model's output, which stays in its slot until that micro-batch's backward. The number of
+// slots is the most micro-batches the stage's schedule keeps in flight (max_in_flight).
 #pragma once
 
 #include <cstdint>
@@ -64,12 +67,25 @@ std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, in
 
 // The communicators a stage needs, split from the world (a collective over every rank of the layout).
 struct StageComms {
-  Communicator all;   // every rank (a copy of the world): pipeline sends, the norm, the loss
-  Communicator dp;    // this stage's replicas with this TP rank, rank = replica
-  Communicator tp;    // this replica's TP ranks, rank = TP rank
-  Communicator tied;  // ranks of the first and last stage that sum the tied embedding's gradient (or just this one)
+  Communicator all;  // every rank (a copy of the world): pipeline sends, the tied embedding's rows, norm, loss
+  Communicator dp;   // this stage's replicas with this TP rank, rank = replica
+  Communicator tp;   // this replica's TP ranks, rank = TP rank
   static StageComms split(Communicator& world, const StageLayout& layout);
 };
+
+// The tied embedding between the first and the last stage: the rows of `wte`'s gradient a rank sends to and
+// receives from ranks of the other end (world ranks; rows of the whole vocabulary), so that each end's copy ends
+// with the sum of both ends' gradients. `summed_over_replicas`: the stage's replicas have already summed their
+// gradients (plain data parallelism), so each rank takes one replica of the other end's sum; otherwise (ZeRO-1:
+// the replicas sum later) each replica's own gradient reaches exactly one replica of the other end.
+struct TiedRows {
+  int peer = 0;                  // world rank
+  int64_t first = 0, count = 0;  // rows of the vocabulary
+};
+struct TiedExchange {
+  std::vector<TiedRows> send, recv;
+};
+TiedExchange tied_exchange(const StageLayout& layout, int64_t vocab, int rank, bool summed_over_replicas);
 
 struct OptimOptions {
   double grad_clip = 1.0;
@@ -83,16 +99,14 @@ class StageRunner {
                                    std::vector<int32_t>& targets)>;
 
   // This rank's stage of `layout` (its place follows from comms.all's rank), for micro-batches of `rows`
-  // sequences of length T; every stage's dp must divide rows.
+  // sequences of length T; every stage's dp must divide rows. `policy`: the recomputation and the micro-batches
+  // in flight (the schedule's max_in_flight for this stage). An allocation past the device's memory is an
+  // Error(kOutOfMemory) naming the stage, the rank and the device's sizes.
   StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout, StageComms& comms,
-              int rows, int T, OptimOptions options);
+              int rows, int T, OptimOptions options, ActivationPolicy policy = {});
   Gpt& model() { return *model_; }
   const StageLayout::Place& place() const { return place_; }
-  // Keep the activations of up to `micro_batches` micro-batches (micro-batch m in slot m mod that) instead of
-  // one: a backward then recomputes only when its slot was reused (the plan's "no recomputation" with that many
-  // in flight), at that many times the activation memory.
-  void keep_activations(int micro_batches);
-  int64_t recomputations() const { return recomputed_; }  // forwards run again for a backward, so far
+  int64_t recomputations() const { return model_->recomputed_blocks(); }  // blocks recomputed in backward, so far
 
   // Runs one training step: this rank's actions of `schedule` (lowered, with gradient reduction). Returns the
   // step's mean loss, known on every rank (broadcast from the last stage).
@@ -110,17 +124,21 @@ class StageRunner {
   void set_optimizer_state(const std::vector<float>& m, const std::vector<float>& v);
 
  private:
+  void allocate(ActivationPolicy policy);
   void forward(int m, const Batch& batch);
-  void backward(int m, const Batch& batch);
+  void backward(int m);
   void reduce_gradients();
+  void reduce_tied_embedding();
   void optimize(AdamwParams hp);
-  void load_input(int m, const Batch& batch);
-  void ensure_buffers(int micro_batches);
   float share_loss(double loss_sum, int micro_batches);
   float loss_scale() const;
-  size_t slot_of(int m) const { return static_cast<size_t>(m) % holds_.size(); }  // its activation slot
+  static constexpr int kGradientBuffers = 2;   // input gradients being sent, in turn
+  static constexpr int kSlotOwners = 1 << 20;  // send owners: slots below, gradient buffers from here
+  int slot_of(int m);  // micro-batch m's activation slot, taken from the free ones at its first use
   Tensor rows_of(const Tensor& t, const Transfer& piece) const;
-  void send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag);
+  // Sends owned by `owner` (a slot, or kSlots + a gradient buffer) must complete before its buffer is rewritten.
+  void send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag, int owner);
+  void wait_sends(int owner);  // -1: all
   void receive(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag);
 
   GptConfig config_;
@@ -129,21 +147,27 @@ class StageRunner {
   StageLayout layout_;
   StageLayout::Place place_;
   StageComms& comms_;
-  TensorComm all_, dp_, tp_, tied_;
+  TensorComm all_, dp_, tp_;
   int rows_, B_, T_;  // the micro-batch's rows, and this replica's share of them
   OptimOptions options_;
   std::unique_ptr<Gpt> model_;
   OptimizerState optimizer_;
   bool first_, last_;
   int micro_batches_ = 0;
-  std::vector<int> holds_{-1};  // per activation slot: the micro-batch whose activations it holds, or -1
-  int64_t recomputed_ = 0;
+  std::vector<int> slot_holds_;  // per activation slot: the micro-batch it holds, or -1
   std::vector<Transfer> from_prev_, to_next_, from_next_, to_prev_;  // this rank's pieces at its boundaries
-  std::vector<Tensor> stash_;       // per micro-batch: the stage's input activations (not on the first stage)
-  std::vector<Tensor> out_, gout_;  // per micro-batch: activations and input gradients being sent
-  std::vector<Tensor> tokens_;  // the first stage's tokens, per activation slot (the embedding's backward reads them)
+  TiedExchange tied_;                                                // and its rows of the tied embedding
+  std::vector<Tensor> stash_;   // per slot: the stage's input activations (not on the first stage)
+  std::vector<Tensor> tokens_;  // per slot: the first stage's tokens (the embedding's backward reads them)
+  std::vector<Tensor> gout_;    // input gradients being sent, used in turn (not on the first stage)
+  int gout_next_ = 0;
+  std::vector<int> gout_of_;  // per micro-batch of the step: its gradient buffer
   Tensor targets_, dout_, norm_acc_;
-  std::vector<std::pair<int, std::unique_ptr<Request>>> sends_;  // (rank, request) in flight this step
+  struct PendingSend {
+    int owner, peer;
+    std::unique_ptr<Request> request;
+  };
+  std::vector<PendingSend> sends_;  // in flight this step
   double loss_sum_ = 0, grad_norm_ = 0;
 };
 

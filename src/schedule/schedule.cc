@@ -217,6 +217,15 @@ Schedule add_gradient_reduction(const Schedule& in) {
   return out;
 }
 
+int max_in_flight(const Schedule& s, int rank) {
+  int live = 0, peak = 0;
+  for (const Action& a : s.actions[static_cast<size_t>(rank)]) {
+    if (a.type == ActionType::kForward) peak = std::max(peak, ++live);
+    if (a.type == ActionType::kBackward) --live;
+  }
+  return peak;
+}
+
 std::string dry_run(const Schedule& s) {
   std::map<std::pair<int, int>, bool> f_done, b_done;  // (stage, micro-batch)
   std::map<std::pair<int, int>, bool> sent_f, sent_b;  // SEND_F / SEND_B executed

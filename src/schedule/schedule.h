@@ -54,6 +54,10 @@ Schedule lower_communication(const Schedule& schedule);
 // the rank's stages at the end.
 Schedule add_gradient_reduction(const Schedule& schedule);
 
+// The most micro-batches rank `rank` holds at once under `schedule` (forwards run whose backward has not): the
+// activation memory a stage needs. 1F1B: min(ranks - rank, micro-batches); GPipe: all of them.
+int max_in_flight(const Schedule& schedule, int rank);
+
 // Runs the compute actions in dependency order (F of stage s needs F of s - 1; B of s needs F of s and B of
 // s + 1) with unit time, ignoring SEND/RECV. Returns "" when the schedule completes, else a description of
 // the deadlock with the step x rank grid, the stuck cell of each rank marked with '*'.

@@ -96,7 +96,7 @@ struct PipelineCase {
   int micro_batches = 2;
   bool gpipe = false;
   bool zero1 = false;
-  std::vector<int> keep;  // per stage: micro-batches whose activations it keeps (empty: 1 each)
+  std::vector<Recompute> recompute;  // per stage (empty: none); activation slots follow the schedule
 };
 
 Curve pipelined(const PipelineCase& pc, double grad_clip) {
@@ -118,10 +118,12 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
         Communicator world(transports[static_cast<size_t>(r)]);
         StageComms comms = StageComms::split(world, layout);
         auto device = create_device(DeviceSpec{.backend = pc.backends[static_cast<size_t>(place.stage)], .index = r});
+        const Recompute recompute =
+            pc.recompute.empty() ? Recompute::kNone : pc.recompute[static_cast<size_t>(place.stage)];
         StageRunner runner(kConfig, *device, pc.stages[static_cast<size_t>(place.stage)], layout, comms, rows, kSeq,
-                           OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1});
+                           OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1},
+                           ActivationPolicy{recompute, max_in_flight(schedule, place.stage)});
         runner.model().init(7);
-        if (!pc.keep.empty()) runner.keep_activations(pc.keep[static_cast<size_t>(place.stage)]);
         for (int s = 0; s < kSteps; ++s) {
           const StageRunner::Batch batch = [&](int m, int first, int n, std::vector<int32_t>& tok,
                                                std::vector<int32_t>& tgt) {
@@ -195,25 +197,29 @@ TEST(PipelineRuntime, GPipeRecomputesAndZero1ShardsTheOptimizer) {
                 1.0));
 }
 
-// A stage that keeps as many micro-batches' activations as 1F1B has in flight there (3 - stage of 3) never
-// recomputes; keeping one, it recomputes every backward but the last forward's. The curve is the same.
-TEST(PipelineRuntime, StagesKeepingTheirInFlightActivationsDoNotRecompute) {
+// Recomputation is the model's, per block: without it nothing is recomputed; selective recomputes each block's
+// attention probabilities in backward, full each block's forward — once per block and micro-batch — and the
+// curve is the same (1e-5: recomputing is exact, forward is deterministic).
+TEST(PipelineRuntime, RecomputationPoliciesRecomputeWhatTheySayAndFollowTheSameCurve) {
   const Curve ref = reference(1.0);
   PipelineCase pc{.stages = {{true, 0, 1, false}, {false, 1, 3, false}, {false, 3, 4, true}},
                   .backends = {"cpu", "emu", "cpu"},
-                  .micro_batches = 4,
-                  .keep = {3, 2, 1}};
-  const Curve kept = pipelined(pc, 1.0);
-  expect_same_curve(ref, kept);
-  EXPECT_EQ(kept.recomputations.at(0), 0);
-  EXPECT_EQ(kept.recomputations.at(1), 0);
-  EXPECT_EQ(kept.recomputations.at(2), 0);
-  pc.keep = {1, 1, 1};
-  const Curve recomputed = pipelined(pc, 1.0);
-  expect_same_curve(ref, recomputed);
-  EXPECT_GT(recomputed.recomputations.at(0), 0);
-  EXPECT_GT(recomputed.recomputations.at(1), 0);
-  EXPECT_EQ(recomputed.recomputations.at(2), 0);  // the last stage runs each backward right after its forward
+                  .micro_batches = 4};
+  const Curve none = pipelined(pc, 1.0);
+  expect_same_curve(ref, none);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(none.recomputations.at(s), 0) << s;
+  for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
+    pc.recompute = {r, r, r};
+    const Curve got = pipelined(pc, 1.0);
+    ASSERT_EQ(got.losses.size(), none.losses.size());
+    for (size_t i = 0; i < none.losses.size(); ++i) {
+      EXPECT_NEAR(got.losses[i], none.losses[i], 1e-5 * std::abs(none.losses[i])) << recompute_name(r) << " step " << i;
+    }
+    // blocks x micro-batches x steps
+    EXPECT_EQ(got.recomputations.at(0), 1 * 4 * kSteps) << recompute_name(r);
+    EXPECT_EQ(got.recomputations.at(1), 2 * 4 * kSteps) << recompute_name(r);
+    EXPECT_EQ(got.recomputations.at(2), 1 * 4 * kSteps) << recompute_name(r);
+  }
 }
 
 TEST(PipelineRuntime, TensorParallelStagesFollowTheSingleDeviceCurve) {

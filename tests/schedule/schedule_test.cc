@@ -109,5 +109,19 @@ TEST(Csv, RoundTripsAndRejectsMisplacedActions) {
               HasSubstr("does not belong on rank 0"));
 }
 
+// A stage's activation memory follows from its schedule: 1F1B's stage r of p holds min(p - r, m) micro-batches,
+// GPipe's every one of them, interleaved 1F1B (per rank, over its chunks) more than 1F1B's.
+TEST(Schedule, MicroBatchesInFlight) {
+  const Schedule one = schedule_1f1b(4, 8), gpipe = schedule_gpipe(4, 8), few = schedule_1f1b(4, 2);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(max_in_flight(one, r), 4 - r) << r;
+    EXPECT_EQ(max_in_flight(gpipe, r), 8) << r;
+    EXPECT_EQ(max_in_flight(few, r), std::min(4 - r, 2)) << r;
+  }
+  // Lowering adds communication and reduction, not micro-batches.
+  EXPECT_EQ(max_in_flight(add_gradient_reduction(lower_communication(one)), 1), 3);
+  EXPECT_GT(max_in_flight(schedule_interleaved(4, 2, 8), 0), 4);
+}
+
 }  // namespace
 }  // namespace h2

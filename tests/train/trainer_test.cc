@@ -200,7 +200,8 @@ TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
   const std::vector<SavedParam> want = all_values(whole);
   std::vector<SavedParam> sum;
   for (int t = 0; t < 4; ++t) {
-    Gpt shard(config, *dev, GptRange::whole(config), 1, 4, TensorParallel{t, 4, [](const Tensor&) {}});
+    Gpt shard(config, *dev, GptRange::whole(config), 1, 4,
+              TensorParallel{t, 4, [](const Tensor&) {}, [](const Tensor&) {}});
     shard.init(3);
     EXPECT_LT(shard.num_params(), whole.num_params());
     std::vector<SavedParam> part = all_values(shard);
@@ -231,8 +232,10 @@ TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
       dir, whole,
       OptimizerState{dev->zeros(DType::kF32, {whole.num_params()}), dev->zeros(DType::kF32, {whole.num_params()})},
       CheckpointState{.step = 1, .model = config}, 1);
-  Gpt fresh(config, *dev, GptRange::whole(config), 1, 4, TensorParallel{2, 4, [](const Tensor&) {}});
-  Gpt expected(config, *dev, GptRange::whole(config), 1, 4, TensorParallel{2, 4, [](const Tensor&) {}});
+  Gpt fresh(config, *dev, GptRange::whole(config), 1, 4,
+            TensorParallel{2, 4, [](const Tensor&) {}, [](const Tensor&) {}});
+  Gpt expected(config, *dev, GptRange::whole(config), 1, 4,
+               TensorParallel{2, 4, [](const Tensor&) {}, [](const Tensor&) {}});
   expected.init(3);
   std::vector<float> m, v;
   load_checkpoint_by_name(latest_checkpoint(dir), fresh, &m, &v);
