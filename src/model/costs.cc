@@ -1,6 +1,8 @@
 // Transformer size, FLOPs and activation formulas (see costs.h for the sources).
 #include "model/costs.h"
 
+#include <cmath>
+
 namespace h2 {
 
 const char* recompute_name(Recompute r) {
@@ -49,23 +51,68 @@ double head_forward_flops(const TransformerShape& s, int64_t T) {
   return 2.0 * static_cast<double>(T) * static_cast<double>(s.hidden) * static_cast<double>(s.vocab);
 }
 
-double layer_activation_bytes(const TransformerShape& s, int64_t B, int64_t T, double bytes_per_element,
-                              Recompute recompute) {
-  const double bt = static_cast<double>(B) * static_cast<double>(T);
-  const double C = static_cast<double>(s.hidden);
-  if (recompute == Recompute::kFull) return bt * C * bytes_per_element;  // the layer's input only
-  // ln_1 out, qkv, attention out, c_proj out, residual, ln_2 out, c_fc out, GELU out, mlp c_proj out, residual.
-  const double per_token = C + (C + 2.0 * s.kv_dim()) + C + C + C + C + 2.0 * s.ffn + C + C;
-  const double probabilities =
-      recompute == Recompute::kSelective ? 0.0 : static_cast<double>(B) * s.heads * static_cast<double>(T) * T;
-  const double norm_stats = 4.0 * bt * 4.0;  // mean and rstd of two LayerNorms, f32
-  return (bt * per_token + probabilities) * bytes_per_element + norm_stats;
+namespace {
+
+// The vocabulary rows a TP rank holds (vocabulary-parallel, uneven when TP does not divide V): model/gpt.h's
+// vocab_shard, counted here without the model.
+int64_t vocab_rows(const StageMemorySpec& m) {
+  const int r = m.tp_rank < 0 ? m.tp - 1 : m.tp_rank;
+  return m.shape.vocab * (r + 1) / m.tp - m.shape.vocab * r / m.tp;
 }
 
-double head_activation_bytes(const TransformerShape& s, int64_t B, int64_t T, double bytes_per_element) {
-  const double bt = static_cast<double>(B) * static_cast<double>(T);
-  // ln_f out and the logits (their gradient is written in place), plus ln_f statistics and per-token losses.
-  return bt * (static_cast<double>(s.hidden) + static_cast<double>(s.vocab)) * bytes_per_element + 3.0 * bt * 4.0;
+}  // namespace
+
+int64_t stage_params(const StageMemorySpec& m) {
+  const TransformerShape& s = m.shape;
+  const int64_t C = s.hidden, qkv = C + 2 * s.kv_dim(), t = m.tp;
+  // A block: LayerNorms and the row-parallel biases whole, the rest divided (gpt.h: column- and row-parallel).
+  const int64_t block = 4 * C + 2 * C + (C * qkv + qkv + C * C + 2 * C * s.ffn + s.ffn) / t;
+  int64_t n = m.layers * block;
+  const int64_t wte = vocab_rows(m) * C;
+  if (m.embedding) n += wte + s.seq_len * C;
+  if (m.head) n += 2 * C + (!m.embedding || !s.tied_embeddings ? wte : 0);  // its own copy of the tied table
+  return n;
+}
+
+StageMemory stage_memory(const StageMemorySpec& m) {
+  const TransformerShape& s = m.shape;
+  const ElementBytes& e = m.bytes;
+  const double B = static_cast<double>(m.rows), T = static_cast<double>(m.seq > 0 ? m.seq : s.seq_len), bt = B * T;
+  const double C = static_cast<double>(s.hidden), t = m.tp, qkv = C + 2.0 * static_cast<double>(s.kv_dim());
+  const double ffn = static_cast<double>(s.ffn), att = B * static_cast<double>(s.heads) / t * T * T;
+  const double L = static_cast<double>(m.layers), V = static_cast<double>(vocab_rows(m));
+  StageMemory r;
+  r.in_flight = m.in_flight;
+  // State: parameters, their gradients, and Adam's moments (ZeRO-1: this replica's share, rounded up).
+  const double P = static_cast<double>(stage_params(m));
+  r.weights = P * e.weight;
+  r.grads = P * e.grad;
+  r.optimizer = std::ceil(P / m.optimizer_shards) * e.optimizer;
+  // A block's activations (gpt.h, BlockActs): ln1, attproj, res2, ln2, fcproj and res3 whole on every TP rank;
+  // qkv, the attention output and both MLP activations divided; the LayerNorm statistics; the attention
+  // probabilities. Selective recomputation drops the probabilities, full keeps the block's output (res3) only.
+  const double whole = 6 * C, split = (qkv + C + 2 * ffn) / t, stats = 4 * bt * kStatBytes;
+  const double block_all = bt * (whole + split) * e.activation + stats + att * e.activation;
+  const double block_kept = m.recompute == Recompute::kNone        ? block_all
+                            : m.recompute == Recompute::kSelective ? block_all - att * e.activation
+                                                                   : bt * C * e.activation;
+  r.activations = L * block_kept;
+  if (m.embedding) r.activations += bt * C * e.activation;  // the embedding's output
+  if (m.head) r.activations += bt * C * e.activation + 3 * bt * kStatBytes + bt * V * e.logits;  // ln_f, stats, logits
+  r.inputs = m.embedding ? bt * kTokenBytes : bt * C * e.activation;
+  // Recomputation writes into one block's worth, shared: the probabilities (selective) or all but res3 (full).
+  if (m.layers > 0 && m.recompute == Recompute::kSelective) r.recompute = att * e.activation;
+  if (m.layers > 0 && m.recompute == Recompute::kFull) r.recompute = block_all - bt * C * e.activation;
+  // The model's gradient buffers: two for the gradient flowing back, five more for a block's, one for the head.
+  r.grad_scratch = 2 * bt * C * e.activation;
+  if (m.layers > 0) r.grad_scratch += bt * (3 * C + split) * e.activation;
+  if (m.head) r.grad_scratch += bt * C * e.activation;
+  // The runtime's buffers around the model.
+  r.comm = kStatBytes;                                                            // the norm accumulator
+  if (!m.head) r.comm += bt * C * e.activation;                                   // the received gradient of the output
+  if (!m.embedding) r.comm += 2 * bt * C * e.activation;                          // input gradients being sent
+  if (m.head) r.comm += bt * kTokenBytes + (m.tp > 1 ? 3 * bt * kStatBytes : 0);  // targets, loss statistics
+  return r;
 }
 
 }  // namespace h2

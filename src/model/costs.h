@@ -1,6 +1,6 @@
-// The size, FLOPs and activation memory of a decoder-only transformer: the one place these formulas live.
-// The GPT model (gpt.cc) allocates exactly what these functions count, and the planner (HeteroAuto) costs
-// plans with them, so a plan's predicted memory is the trainer's real memory.
+// The size, FLOPs and memory of a decoder-only transformer: the one place these formulas live. The GPT model
+// (gpt.cc) and a pipeline stage (pipeline/runtime.cc) allocate exactly what stage_memory() counts, and the
+// planner (HeteroAuto) and the simulator cost plans with it, so a plan's predicted memory is the runtime's.
 //
 // The block is GPT-2's (Radford et al. 2019): pre-LayerNorm, multi-head attention with a qkv projection
 // (grouped-query when kv_heads < heads: k and v have kv_heads * head_dim columns each), an output projection,
@@ -48,10 +48,55 @@ int64_t total_params(const TransformerShape& s);
 double layer_forward_flops(const TransformerShape& s, int64_t T);
 double head_forward_flops(const TransformerShape& s, int64_t T);  // logits: 2 T C V
 
-// --- activation memory kept for backward, per micro-batch of B sequences of length T ---
-// `bytes_per_element`: 4 for this implementation's f32, 2 for bf16 training. LayerNorm statistics are f32.
-double layer_activation_bytes(const TransformerShape& s, int64_t B, int64_t T, double bytes_per_element,
-                              Recompute recompute);
-double head_activation_bytes(const TransformerShape& s, int64_t B, int64_t T, double bytes_per_element);
+// --- memory of one device of a pipeline stage, every buffer the runtime allocates, term by term ---
+
+// Bytes per element of each kind of tensor. f32() is H2's runtime today; mixed_bf16() bf16 compute with fp32
+// master weights and Adam moments (Rajbhandari et al. 2020: 2 + 2 + 12 bytes per parameter).
+struct ElementBytes {
+  double weight = 4;     // parameters used by compute
+  double grad = 4;       // parameter gradients
+  double optimizer = 8;  // per parameter, before ZeRO-1 sharding: Adam m and v (+ an fp32 master copy)
+  double activation = 4;
+  double logits = 4;  // the loss computes in fp32 over (B, T, V / TP)
+  static ElementBytes f32() { return {}; }
+  static ElementBytes mixed_bf16() { return {2, 2, 12, 2, 4}; }
+};
+// LayerNorm statistics and per-row loss statistics are f32; token ids are i32.
+inline constexpr double kStatBytes = 4, kTokenBytes = 4;
+
+struct StageMemorySpec {
+  TransformerShape shape;
+  bool embedding = false;    // holds the token and position embedding (the pipeline's first stage)
+  bool head = false;         // holds the final LayerNorm, the (tied) output head and the loss (the last stage)
+  int64_t layers = 0;        // transformer blocks
+  int64_t rows = 1;          // sequences of a micro-batch on this device (its replica's share)
+  int64_t seq = 0;           // their length; 0: the shape's seq_len
+  int tp = 1;                // tensor-parallel degree; the embedding and head are vocabulary-parallel
+  int tp_rank = -1;          // whose vocabulary rows; -1: the rank with the most (the last)
+  int optimizer_shards = 1;  // ZeRO-1: the stage's replicas share the optimizer state; 1 without it
+  Recompute recompute = Recompute::kNone;
+  int in_flight = 1;  // micro-batches whose activations the stage holds at once
+  ElementBytes bytes;
+};
+
+// Every term in bytes; a device holds state() + buffers() + in_flight x per_micro_batch().
+struct StageMemory {
+  double weights = 0, grads = 0, optimizer = 0;  // parameters of its range (its TP shard)
+  double activations = 0;   // per micro-batch in flight: what backward needs of the range, by the recomputation
+  double inputs = 0;        // per micro-batch in flight: the received input (stash) or the tokens
+  double recompute = 0;     // shared by blocks and micro-batches: what recomputation writes into
+  double grad_scratch = 0;  // the model's activation-gradient buffers, shared by every block
+  double comm = 0;          // the runtime's: received output gradient, two input-gradient send buffers, targets,
+                            // loss statistics under TP, the norm accumulator
+  int in_flight = 1;
+  double state() const { return weights + grads + optimizer; }
+  double per_micro_batch() const { return activations + inputs; }
+  double buffers() const { return recompute + grad_scratch + comm; }
+  double total() const { return state() + buffers() + in_flight * per_micro_batch(); }
+};
+StageMemory stage_memory(const StageMemorySpec& spec);
+
+// Parameters of a stage's range on one TP rank (the shard of every split tensor, the replicated ones whole).
+int64_t stage_params(const StageMemorySpec& spec);
 
 }  // namespace h2

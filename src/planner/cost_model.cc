@@ -23,7 +23,7 @@ double CostModel::ring_allreduce_s(double bytes, int ranks, double bandwidth_gbp
 // node's own links (TP never leaves a node).
 double CostModel::tp_allreduce_s(int chip, int tp, int b) const {
   const NodeGroup& g = cluster_.group_of(chip);
-  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes;
+  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.bytes.activation;
   return ring_allreduce_s(bytes, tp, g.intra_node_gbps, g.intra_node_latency_us);
 }
 
@@ -45,19 +45,27 @@ double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
   return s;
 }
 
-// H2's runtime keeps the embedding and the head whole on every TP rank of their stage (model/gpt.h: no
-// vocabulary-parallel head), so tensor parallelism divides neither their time nor their memory.
-double CostModel::embedding_forward_s(int chip, int b) const {
-  // A gather: memory-bound, (b, T, hidden) written once.
-  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes;
+// The vocabulary-parallel embedding (model/gpt.h): each TP rank gathers its rows (memory-bound: the (b, T, hidden)
+// output written once), then the group sums the outputs. Its backward scatters the gradient into the rows.
+double CostModel::embedding_forward_s(int chip, int tp, int b) const {
+  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.bytes.activation;
+  return bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9) + tp_allreduce_s(chip, tp, b);
+}
+
+double CostModel::embedding_backward_s(int chip, int, int b) const {
+  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.bytes.activation;
   return bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9);
 }
 
-double CostModel::head_forward_s(int chip, int b) const {
-  return compute_s(chip, b * head_forward_flops(model_, model_.seq_len));
+// The head's logits over this rank's vocabulary columns; the loss's per-row statistics are all-reduced (small).
+double CostModel::head_forward_s(int chip, int tp, int b) const {
+  return compute_s(chip, b * head_forward_flops(model_, model_.seq_len) / tp);
 }
 
-double CostModel::head_backward_s(int chip, int b) const { return 2.0 * head_forward_s(chip, b); }
+// Twice the forward's matmul work, then the head's input gradient summed over the TP group.
+double CostModel::head_backward_s(int chip, int tp, int b) const {
+  return 2.0 * head_forward_s(chip, tp, b) + tp_allreduce_s(chip, tp, b);
+}
 
 // Every TP rank of the receiving stage gets the whole activation from one sending rank (pipeline/runtime.h),
 // so each sender sends it ceil(tp_to / tp_from) times, in parallel with the others; between chip types without
@@ -65,7 +73,7 @@ double CostModel::head_backward_s(int chip, int b) const { return 2.0 * head_for
 double CostModel::transfer_s(int from, int tp_from, int to, int tp_to, int b) const {
   const GroupLink l = cluster_.link(from, to);
   const double bytes =
-      static_cast<double>(b) * model_.seq_len * model_.hidden * k_.activation_bytes * ((tp_to + tp_from - 1) / tp_from);
+      static_cast<double>(b) * model_.seq_len * model_.hidden * k_.bytes.activation * ((tp_to + tp_from - 1) / tp_from);
   double s = l.latency_us * 1e-6 + bytes / (l.bandwidth_gbps * 1e9);
   if (!l.device_direct) {
     s += bytes / (cluster_.chips[static_cast<size_t>(from)].host_link_gbps * 1e9) +
@@ -78,13 +86,13 @@ double CostModel::transfer_s(int from, int tp_from, int to, int tp_to, int b) co
 double CostModel::dp_allreduce_s(int chip, int tp, int dp, double params_per_device) const {
   const NodeGroup& g = cluster_.group_of(chip);
   const bool one_node = tp * dp <= g.chips_per_node;
-  return ring_allreduce_s(params_per_device * k_.grad_bytes, dp, one_node ? g.intra_node_gbps : g.nic_gbps,
+  return ring_allreduce_s(params_per_device * k_.bytes.grad, dp, one_node ? g.intra_node_gbps : g.nic_gbps,
                           one_node ? g.intra_node_latency_us : g.nic_latency_us);
 }
 
 double CostModel::tied_allreduce_s(int a, int b, double params) const {
   const GroupLink link = cluster_.link(a, b);
-  return ring_allreduce_s(params * k_.grad_bytes, 2, link.bandwidth_gbps, link.latency_us);
+  return ring_allreduce_s(params * k_.bytes.grad, 2, link.bandwidth_gbps, link.latency_us);
 }
 
 double CostModel::optimizer_s(int chip, int dp, double params_per_device) const {
@@ -92,39 +100,10 @@ double CostModel::optimizer_s(int chip, int dp, double params_per_device) const 
   return sharded * k_.optimizer_traffic_bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9);
 }
 
-// Mixed precision (Rajbhandari et al. 2020): bf16 weights and gradients, fp32 master and Adam moments, the last
-// sharded over the data-parallel ranks under ZeRO-1.
-double CostModel::state_bytes_per_param(int dp) const {
-  return k_.weight_bytes + k_.grad_bytes + (train_.zero1 ? k_.optimizer_bytes / dp : k_.optimizer_bytes);
-}
-
-double CostModel::layer_state_bytes(int tp, int dp) const {
-  const double per_param = state_bytes_per_param(dp);
-  return params_per_layer() / tp * per_param;
-}
-
-double CostModel::layer_activation_bytes(int tp, int b, Recompute r) const {
-  // Tensor parallelism splits every activation but the layer input (Korthikanti et al. 2022, eq. 2);
-  // dividing all of it by tp slightly undercounts the (b, T, hidden) inputs, which is why a workspace is kept.
-  return h2::layer_activation_bytes(model_, b, model_.seq_len, k_.activation_bytes, r) / tp;
-}
-
-double CostModel::embedding_state_bytes(int dp) const {
-  const double per_param = state_bytes_per_param(dp);
-  return static_cast<double>(embedding_params(model_)) * per_param;
-}
-
-double CostModel::head_state_bytes(int dp, bool own_embedding_copy) const {
-  const double per_param = state_bytes_per_param(dp);
-  const double copy =
-      own_embedding_copy && model_.tied_embeddings ? static_cast<double>(model_.vocab * model_.hidden) : 0;
-  const double params = static_cast<double>(head_params(model_)) + copy;
-  return params * per_param;
-}
-
-double CostModel::head_activation_bytes(int b) const {
-  const double bt = static_cast<double>(b) * model_.seq_len;
-  return bt * model_.hidden * k_.activation_bytes + bt * static_cast<double>(model_.vocab) * k_.logits_bytes;
+StageMemory CostModel::stage_memory(StageMemorySpec spec) const {
+  spec.shape = model_;
+  spec.bytes = k_.bytes;
+  return h2::stage_memory(spec);
 }
 
 double CostModel::usable_bytes(int chip) const {

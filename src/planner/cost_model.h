@@ -17,21 +17,15 @@ namespace h2 {
 
 // Constants of the model, with units. Changing one changes every plan; each row says why it has its value.
 struct CostConstants {
-  double weight_bytes = 2;              // bf16 weights used by compute
-  double grad_bytes = 2;                // bf16 gradients
-  double optimizer_bytes = 12;          // fp32 master weights + Adam m and v
-  double activation_bytes = 2;          // bf16 activations
-  double logits_bytes = 4;              // the loss computes in fp32 over (B, T, V)
+  // bf16 weights, gradients and activations, fp32 master weights and Adam moments, the loss in fp32.
+  ElementBytes bytes = ElementBytes::mixed_bf16();
   double optimizer_traffic_bytes = 28;  // per parameter and step: read+write master, m, v (24) + grad + weight
   double workspace_fraction = 0.05;     // memory kept free for allocator slack and library workspaces
 
   // All f32 (H2's runtime today): 4-byte weights, gradients and activations; Adam m and v (8) beside weights
   // that are their own master copy; traffic as the runtime's step moves it: the gradient norm (read, 4),
   // clipping (read + write, 8), AdamW (read+write of weight, m, v: 24, and the gradient: 4).
-  static CostConstants f32() {
-    return CostConstants{
-        .weight_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4, .optimizer_traffic_bytes = 40};
-  }
+  static CostConstants f32() { return CostConstants{.bytes = ElementBytes::f32(), .optimizer_traffic_bytes = 40}; }
 };
 
 class CostModel {
@@ -47,9 +41,11 @@ class CostModel {
   // --- time, seconds, per micro-batch of b sequences on one device of a TP group of size tp ---
   double layer_forward_s(int chip, int tp, int b) const;                // compute + TP all-reduces
   double layer_backward_s(int chip, int tp, int b, Recompute r) const;  // + recomputation
-  double embedding_forward_s(int chip, int b) const;
-  double head_forward_s(int chip, int b) const;  // final LayerNorm + logits + loss
-  double head_backward_s(int chip, int b) const;
+  // The vocabulary-parallel embedding and head: each TP rank its 1/tp of the vocabulary, then the group's sum.
+  double embedding_forward_s(int chip, int tp, int b) const;
+  double embedding_backward_s(int chip, int tp, int b) const;
+  double head_forward_s(int chip, int tp, int b) const;  // final LayerNorm + logits + loss
+  double head_backward_s(int chip, int tp, int b) const;
   // One activation (or its gradient) from a stage on chip `from` with TP tp_from to one on `to` with tp_to.
   double transfer_s(int from, int tp_from, int to, int tp_to, int b) const;
   // Gradient all-reduce over the stage's dp replicas of `params` parameters held per device.
@@ -59,13 +55,8 @@ class CostModel {
   double tied_allreduce_s(int a, int b, double params) const;
   double optimizer_s(int chip, int dp, double params_per_device) const;
 
-  // --- memory, bytes per device ---
-  double layer_state_bytes(int tp, int dp) const;                   // weights, gradients, optimizer state of one layer
-  double layer_activation_bytes(int tp, int b, Recompute r) const;  // one micro-batch kept for backward
-  double embedding_state_bytes(int dp) const;
-  // Tied embeddings: a last stage that is not also the first keeps its own copy of the token embedding.
-  double head_state_bytes(int dp, bool own_embedding_copy) const;
-  double head_activation_bytes(int b) const;
+  // --- memory, bytes per device: model/costs.h's stage_memory in this setup's element sizes ---
+  StageMemory stage_memory(StageMemorySpec spec) const;
   double usable_bytes(int chip) const;  // capacity less the workspace
 
   // --- helpers ---
@@ -77,7 +68,6 @@ class CostModel {
  private:
   double compute_s(int chip, double flops) const;
   double tp_allreduce_s(int chip, int tp, int b) const;  // one all-reduce of a (b, T, hidden) activation
-  double state_bytes_per_param(int dp) const;
 
   Cluster cluster_;
   TransformerShape model_;

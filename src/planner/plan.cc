@@ -56,6 +56,7 @@ void visit_stage(S& s, F&& f) {
   f("optimizer_s", s.optimizer_s);
   f("state_bytes", s.state_bytes);
   f("activation_bytes", s.activation_bytes);
+  f("buffer_bytes", s.buffer_bytes);
   f("memory_bytes", s.memory_bytes);
   f("capacity_bytes", s.capacity_bytes);
 }

@@ -9,7 +9,7 @@
 
 namespace h2 {
 
-inline constexpr int kPlanVersion = 1;
+inline constexpr int kPlanVersion = 2;
 
 struct StagePlan {
   std::string chip;  // chip type name
@@ -25,11 +25,13 @@ struct StagePlan {
   // Predictions, seconds per micro-batch unless noted.
   double forward_s = 0, backward_s = 0;
   double send_s = 0;  // activation to the next stage (and its gradient back); 0 on the last stage
-  double dp_allreduce_s = 0, optimizer_s = 0;   // per step
-  double tied_allreduce_s = 0;                  // per step, first and last stage: the tied embedding's gradient
-  double state_bytes = 0;                       // per device: weights, gradients, optimizer state
-  double activation_bytes = 0;                  // per device and micro-batch kept for backward
-  double memory_bytes = 0, capacity_bytes = 0;  // per device: state + in_flight x activations (usable capacity)
+  double dp_allreduce_s = 0, optimizer_s = 0;  // per step
+  double tied_allreduce_s = 0;                 // per step, first and last stage: the tied embedding's gradient
+  // Memory per device, as model/costs.h's stage_memory counts it: weights, gradients and optimizer state; per
+  // micro-batch in flight, what backward needs and the stage's input; buffers (recomputation, gradient scratch,
+  // communication); the total state + buffers + in_flight x activations, against the usable capacity.
+  double state_bytes = 0, activation_bytes = 0, buffer_bytes = 0;
+  double memory_bytes = 0, capacity_bytes = 0;
 
   int devices() const { return tp * dp; }
 };
@@ -48,7 +50,7 @@ struct Plan {
   int devices_used = 0, devices_total = 0;
   std::string limited_by;  // what bounds the step time
   std::string why;         // why this plan was chosen over the others
-  bool fits = true;        // every device within its memory
+  bool fits = true;        // every device's memory_bytes within its capacity_bytes
 
   std::string to_json() const;
   static Plan from_json(const std::string& text, const std::string& source);  // Error(kConfig) names the field

@@ -19,31 +19,34 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Per-stage quantities that do not depend on the number of layers.
+// Per-stage quantities that do not depend on the number of layers. Memory is model/costs.h's stage_memory, which is
+// affine in the number of layers n >= 1 (up to ZeRO-1's rounding of the optimizer shard, a few bytes):
+// fixed[r] + n per_layer[r].
 struct StageTerms {
   int chip, tp, in_flight;
   bool embedding, head;
   double extra_fwd_s, extra_bwd_s;  // embedding / head work per micro-batch
-  double fixed_bytes;               // embedding / head state and activations
   double usable_bytes;
   double fwd_layer_s;
-  double bwd_layer_s[3];  // by Recompute
-  double state_layer_bytes;
-  double act_layer_bytes[3];  // by Recompute, per micro-batch
+  double bwd_layer_s[3];      // by Recompute
+  double fixed_bytes[3];      // by Recompute
+  double per_layer_bytes[3];  // by Recompute: a layer's state and its activations for every micro-batch in flight
+  double state_layer_bytes;   // a layer's weights, gradients and optimizer state
+  StageMemorySpec spec;       // the stage without its layer count and recomputation
   // Layers that fit with recomputation r (may be < 0: not even the fixed part fits).
   int64_t cap(Recompute r) const {
-    const double per = state_layer_bytes + in_flight * act_layer_bytes[static_cast<int>(r)];
-    return static_cast<int64_t>(std::floor((usable_bytes - fixed_bytes) / per));
+    const int i = static_cast<int>(r);
+    return static_cast<int64_t>(std::floor((usable_bytes - fixed_bytes[i] - kRoundingBytes) / per_layer_bytes[i]));
   }
   double layer_s(Recompute r) const { return fwd_layer_s + bwd_layer_s[static_cast<int>(r)]; }
+  static constexpr double kRoundingBytes = 4096;  // ZeRO-1's rounded-up shards
 };
 
 std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   const int p = static_cast<int>(layout.stages.size());
   const int m = static_cast<int>(c.train().global_batch / (layout.dp * layout.micro_batch));
   const int b = layout.micro_batch;
-  const TransformerShape& s = c.model();
-  // Stages of one chip type and TP degree share everything but their position: cost each pair once.
+  // Stages of one chip type and TP degree share their time per layer: cost each pair once.
   std::vector<StageTerms> bases;
   auto base = [&](int chip, int tp) -> const StageTerms& {
     for (const StageTerms& t : bases) {
@@ -56,9 +59,7 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
     t.fwd_layer_s = c.layer_forward_s(chip, tp, b);
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       t.bwd_layer_s[static_cast<int>(r)] = c.layer_backward_s(chip, tp, b, r);
-      t.act_layer_bytes[static_cast<int>(r)] = c.layer_activation_bytes(tp, b, r);
     }
-    t.state_layer_bytes = c.layer_state_bytes(tp, layout.dp);
     bases.push_back(t);
     return bases.back();
   };
@@ -67,23 +68,56 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   for (int i = 0; i < p; ++i) {
     const auto [chip, tp] = layout.stages[static_cast<size_t>(i)];
     StageTerms t = base(chip, tp);
-    t.in_flight = std::min(p - i, m);  // 1F1B: stage i holds the activations of p - i micro-batches
+    t.in_flight = std::min(p - i, m);  // 1F1B: stage i holds the activations of p - i micro-batches (max_in_flight)
     t.embedding = i == 0;
     t.head = i == p - 1;
     if (t.embedding) {
-      t.extra_fwd_s += c.embedding_forward_s(chip, b);
-      t.extra_bwd_s += c.embedding_forward_s(chip, b);
-      t.fixed_bytes += c.embedding_state_bytes(layout.dp) + t.in_flight * static_cast<double>(b) * s.seq_len *
-                                                                s.hidden * c.constants().activation_bytes / tp;
+      t.extra_fwd_s += c.embedding_forward_s(chip, tp, b);
+      t.extra_bwd_s += c.embedding_backward_s(chip, tp, b);
     }
     if (t.head) {
-      t.extra_fwd_s += c.head_forward_s(chip, b);
-      t.extra_bwd_s += c.head_backward_s(chip, b);
-      t.fixed_bytes += c.head_state_bytes(layout.dp, /*own_embedding_copy=*/p > 1) + c.head_activation_bytes(b);
+      t.extra_fwd_s += c.head_forward_s(chip, tp, b);
+      t.extra_bwd_s += c.head_backward_s(chip, tp, b);
+    }
+    t.spec = StageMemorySpec{.shape = c.model(),
+                             .embedding = t.embedding,
+                             .head = t.head,
+                             .rows = b,
+                             .tp = tp,
+                             .optimizer_shards = c.train().zero1 ? layout.dp : 1,
+                             .in_flight = t.in_flight};
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      StageMemorySpec spec = t.spec;
+      spec.recompute = r;
+      spec.layers = 1;
+      const StageMemory one = c.stage_memory(spec);
+      spec.layers = 2;
+      const StageMemory two = c.stage_memory(spec);
+      const int k = static_cast<int>(r);
+      t.per_layer_bytes[k] = two.total() - one.total();
+      t.fixed_bytes[k] = one.total() - t.per_layer_bytes[k];
+      t.state_layer_bytes = two.state() - one.state();
     }
     out.push_back(t);
   }
   return out;
+}
+
+// What any stage of one layer needs at the least (a middle stage, full recomputation, one micro-batch in flight):
+// a TP degree below this cannot hold a layer at all.
+double one_layer_bytes(const CostModel& c, int tp, int dp, int b) {
+  return c
+      .stage_memory({.layers = 1,
+                     .rows = b,
+                     .tp = tp,
+                     .optimizer_shards = c.train().zero1 ? dp : 1,
+                     .recompute = Recompute::kFull})
+      .total();
+}
+
+// The weights, gradients and optimizer state of all the layers, which a pipeline's devices must hold together.
+double layers_state_bytes(const CostModel& c, int dp) {
+  return c.stage_memory({.layers = c.model().layers, .optimizer_shards = c.train().zero1 ? dp : 1}).state();
 }
 
 // The allowed recomputation choices, fastest first.
@@ -115,7 +149,7 @@ std::vector<int> tp_options(const CostModel& c, int chip) {
 }
 
 std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const std::vector<int>& layers,
-                                FitFailure* failure) {
+                                FitFailure* failure, const ScoreOptions& options) {
   const std::vector<StageTerms> terms = stage_terms(c, layout);
   const std::vector<Recompute> choices = allowed(c);
   const int p = static_cast<int>(terms.size());
@@ -134,27 +168,30 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   for (int i = 0; i < p; ++i) {
     const StageTerms& t = terms[static_cast<size_t>(i)];
     const int n = layers[static_cast<size_t>(i)];
-    // The fastest recomputation under which n layers fit.
+    // The given recomputation, else the fastest under which n layers fit.
     std::optional<Recompute> pick;
-    for (Recompute r : choices) {
-      if (n <= t.cap(r)) {
-        pick = r;
-        break;
+    if (!options.recompute.empty()) {
+      pick = options.recompute[static_cast<size_t>(i)];
+    } else {
+      for (Recompute r : choices) {
+        if (n <= t.cap(r)) {
+          pick = r;
+          break;
+        }
       }
     }
-    if (!pick) {
-      if (failure != nullptr) {
-        const Recompute r = choices.back();
-        const double need =
-            t.fixed_bytes + n * (t.state_layer_bytes + t.in_flight * t.act_layer_bytes[static_cast<int>(r)]);
-        failure->shortfall_bytes = need - t.usable_bytes;
-        failure->what =
-            cat(describe_stage(c, i, t), " with ", n, " layers needs ", format_bytes(need), " per device even with ",
-                recompute_name(r), " recomputation; it has ", format_bytes(t.usable_bytes), " usable (short by ",
-                format_bytes(need - t.usable_bytes), ")");
-      }
-      return std::nullopt;
+    StageMemorySpec spec = t.spec;
+    spec.layers = n;
+    spec.recompute = pick.value_or(choices.back());
+    const StageMemory memory = c.stage_memory(spec);
+    if (memory.total() > t.usable_bytes && failure != nullptr) {
+      failure->shortfall_bytes = memory.total() - t.usable_bytes;
+      failure->what =
+          cat(describe_stage(c, i, t), " with ", n, " layers needs ", format_bytes(memory.total()), " per device with ",
+              recompute_name(spec.recompute), " recomputation; it has ", format_bytes(t.usable_bytes),
+              " usable (short by ", format_bytes(failure->shortfall_bytes), ")");
     }
+    if (!pick && options.require_fit) return std::nullopt;
     StagePlan st;
     st.chip_index = t.chip;
     st.chip = c.cluster().chips[static_cast<size_t>(t.chip)].name;
@@ -164,34 +201,28 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     st.layers = n;
     st.embedding = t.embedding;
     st.head = t.head;
-    st.recompute = *pick;
+    st.recompute = spec.recompute;
     st.in_flight = t.in_flight;
     st.forward_s = n * t.fwd_layer_s + t.extra_fwd_s;
-    st.backward_s = n * t.bwd_layer_s[static_cast<int>(*pick)] + t.extra_bwd_s;
+    st.backward_s = n * t.bwd_layer_s[static_cast<int>(spec.recompute)] + t.extra_bwd_s;
     if (i + 1 < p) {
       const StageTerms& next = terms[static_cast<size_t>(i + 1)];
       st.send_s = c.transfer_s(t.chip, t.tp, next.chip, next.tp, b);
     }
-    double params = n * c.params_per_layer();
-    if (t.embedding) params += static_cast<double>(embedding_params(s));
-    if (t.head)
-      params += static_cast<double>(head_params(s)) +
-                (p > 1 && s.tied_embeddings ? static_cast<double>(s.vocab * s.hidden) : 0);
-    st.dp_allreduce_s = c.dp_allreduce_s(t.chip, t.tp, layout.dp, params / t.tp);
+    const double params = static_cast<double>(stage_params(spec));  // per device: this TP rank's shard
+    st.dp_allreduce_s = c.dp_allreduce_s(t.chip, t.tp, layout.dp, params);
     if (p > 1 && s.tied_embeddings && (t.embedding || t.head)) {
+      // Each rank exchanges its vocabulary rows with the other end's ranks that hold them.
       st.tied_allreduce_s =
-          c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden));
+          c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden) / t.tp);
     }
-    st.optimizer_s = c.optimizer_s(t.chip, layout.dp, params / t.tp);
-    st.state_bytes = n * t.state_layer_bytes + (t.fixed_bytes - (t.head ? c.head_activation_bytes(b) : 0) -
-                                                (t.embedding ? t.in_flight * static_cast<double>(b) * s.seq_len *
-                                                                   s.hidden * c.constants().activation_bytes / t.tp
-                                                             : 0));
-    st.activation_bytes =
-        n * t.act_layer_bytes[static_cast<int>(*pick)] +
-        (t.embedding ? static_cast<double>(b) * s.seq_len * s.hidden * c.constants().activation_bytes / t.tp : 0);
-    st.memory_bytes = st.state_bytes + st.in_flight * st.activation_bytes + (t.head ? c.head_activation_bytes(b) : 0);
+    st.optimizer_s = c.optimizer_s(t.chip, layout.dp, params);
+    st.state_bytes = memory.state();
+    st.activation_bytes = memory.per_micro_batch();
+    st.buffer_bytes = memory.buffers();
+    st.memory_bytes = memory.total();
     st.capacity_bytes = t.usable_bytes;
+    plan.fits = plan.fits && st.memory_bytes <= st.capacity_bytes;
     const double e = st.forward_s + st.backward_s;
     sum_e += e;
     max_e = std::max(max_e, e);
@@ -370,8 +401,7 @@ struct TypeOption {
 std::vector<TypeOption> type_options(const CostModel& c, int chip, int dp, int b, const std::string& tier) {
   std::vector<int> fitting;
   for (int t : tp_options(c, chip)) {
-    const double one_layer = c.layer_state_bytes(t, dp) + c.layer_activation_bytes(t, b, Recompute::kFull);
-    if (one_layer < c.usable_bytes(chip)) fitting.push_back(t);
+    if (one_layer_bytes(c, t, dp, b) < c.usable_bytes(chip)) fitting.push_back(t);
   }
   // Below exhaustive, the extremes: the smallest TP that fits (the most stages, the least TP communication)
   // and the largest (the fewest stages, which keeps a type with many devices from deepening the pipeline).
@@ -433,10 +463,9 @@ struct Search {
 
   // Whole-model state that must fit in the used devices' memory.
   bool can_fit(const Layout& l) const {
-    double have = 0, per_replica_state = 0;
+    double have = 0;
     for (const auto& s : l.stages) have += s.tp * c.usable_bytes(s.chip);
-    per_replica_state = c.model().layers * c.layer_state_bytes(1, l.dp);
-    return per_replica_state <= have;
+    return layers_state_bytes(c, l.dp) <= have;
   }
 
   void consider(const Layout& l) {
@@ -446,7 +475,7 @@ struct Search {
       double have = 0;
       for (const auto& s : l.stages) have += s.tp * c.usable_bytes(s.chip);
       FitFailure f;
-      const double need = c.model().layers * c.layer_state_bytes(1, l.dp);
+      const double need = layers_state_bytes(c, l.dp);
       f.what = cat("the layers' weights, gradients and optimizer state need ", format_bytes(need),
                    " per pipeline but a layout of ", l.stages.size(), " stages holds ", format_bytes(have));
       f.shortfall_bytes = need - have;
@@ -640,7 +669,7 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     double least = kInf;
     for (int chip : search.chips) {
       const int t = tp_options(c, chip).back();
-      const double need = c.layer_state_bytes(t, 1) + c.layer_activation_bytes(t, 1, Recompute::kFull);
+      const double need = one_layer_bytes(c, t, 1, 1);
       if (need - c.usable_bytes(chip) < least) {
         least = need - c.usable_bytes(chip);
         search.closest.what = cat("one layer needs ", format_bytes(need), " per device on chip type ",

@@ -60,9 +60,13 @@ struct FitFailure {
 // The best plan, or Error(kInvalidArgument) when nothing fits, naming the constraint that fails and by how much.
 Plan plan_training(const CostModel& costs, const PlannerOptions& options, SearchStats* stats = nullptr);
 
-// Scores a layout with the given layers per stage (recomputation: each stage's fastest choice that fits).
+struct ScoreOptions {
+  std::vector<Recompute> recompute;  // per stage; empty: each stage's fastest allowed choice under which it fits
+  bool require_fit = true;           // false: a layout over its devices' memory still gets a plan, with fits false
+};
+// Scores a layout with the given layers per stage. Without a fit (and with require_fit), nullopt and the failure.
 std::optional<Plan> score_split(const CostModel& costs, const Layout& layout, const std::vector<int>& layers,
-                                FitFailure* failure = nullptr);
+                                FitFailure* failure = nullptr, const ScoreOptions& options = {});
 // The uniform split on a layout: layers divided as evenly as possible (the baseline HeteroAuto is measured against).
 std::optional<Plan> plan_uniform(const CostModel& costs, const Layout& layout, FitFailure* failure = nullptr);
 

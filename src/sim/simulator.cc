@@ -134,11 +134,11 @@ SimResult simulate(const Plan& plan, const SimOptions& options) {
     if (s.dp_allreduce_s > 0) trace(cat(r, "REDUCE_GRAD"), "dp", 0, r, end.reduce_start[i], s.dp_allreduce_s);
     if (end.tied_start[i] >= 0) trace(cat(r, "REDUCE_TIED"), "dp", 0, r, end.tied_start[i], s.tied_allreduce_s);
     trace(cat(r, "OPTIM"), "optimizer", 0, r, end.optim_start[i], s.optimizer_s);
-    // Memory: state, plus the activations of the micro-batches in flight at the peak (per chunk when
-    // interleaved), plus what the plan counts beyond them (the head's logits).
-    const double fixed = s.memory_bytes - s.state_bytes - s.in_flight * s.activation_bytes;
-    result.peak_memory_bytes.push_back(s.state_bytes + peak_in_flight[static_cast<size_t>(r)] * s.activation_bytes / v +
-                                       fixed);
+    // Memory from this replay, not from the plan's totals: the state and buffers, allocated for the whole step,
+    // plus a micro-batch's activations from its forward to its backward (a chunk's share when interleaved), at
+    // the most the replay held at once.
+    result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes +
+                                       peak_in_flight[static_cast<size_t>(r)] * s.activation_bytes / v);
     result.capacity_bytes.push_back(s.capacity_bytes);
   }
   double busy = 0;

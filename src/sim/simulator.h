@@ -3,8 +3,9 @@
 // gradient all-reduce and the optimizer step — and returns the step time, the bubble, each device's busy time
 // and peak memory, and a Chrome/Perfetto trace. It judges the planner, whose 1F1B step time is a closed form.
 //
-// Durations come from the plan (which the cost model wrote); only the schedule is the simulator's own. Links:
-// each stage boundary is a resource per direction, so transfers over it queue behind one another (contention);
+// Durations and each stage's memory terms (state, buffers, activations per micro-batch) come from the plan (which
+// the cost model wrote); the schedule, and so the micro-batches each device holds at once, is the simulator's own.
+// Links: each stage boundary is a resource per direction, so transfers over it queue behind one another (contention);
 // under interleaving the boundary from the last rank back to the first uses the slowest boundary's time.
 #pragma once
 

@@ -34,25 +34,50 @@ TEST(Costs, Gpt2SmallHasItsPublishedParameterCount) {
   EXPECT_EQ(total_params(s), 124'439'808);
 }
 
-TEST(Gpt, AllocatesWhatTheCostModelCounts) {
-  // One more block costs exactly its parameters and gradients plus the activations costs.h counts.
+// Every range, recomputation policy, slot count and TP rank allocates exactly what costs.h's stage_memory counts
+// for the model: parameters, gradients, each slot's activations, the shared recomputation buffers, the gradient
+// scratch (and under TP, the head's loss statistics). The vocabulary 11 is not divisible by TP 2: the ranks hold
+// 5 and 6 rows.
+TEST(Gpt, AllocatesWhatStageMemoryCounts) {
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   const int B = 3, T = 5;
-  GptConfig one = kTiny, two = kTiny;
-  one.n_layer = 1;
-  size_t used_one, used_two;
-  {
-    Gpt m(one, *dev, GptRange::whole(one), B, T);
-    used_one = dev->mem_used_bytes();
-    EXPECT_EQ(m.num_params(), total_params(one.shape()));
+  const auto nothing = [](const Tensor&) {};
+  for (GptRange range : {GptRange::whole(kTiny), GptRange{true, 0, 1, false}, GptRange{false, 1, 2, false},
+                         GptRange{false, 2, 2, true}, GptRange{false, 0, 2, true}}) {
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      for (int slots : {1, 3}) {
+        for (auto [rank, size] : {std::pair{0, 1}, {0, 2}, {1, 2}}) {
+          const size_t before = dev->mem_used_bytes();
+          Gpt m(kTiny, *dev, range, B, T, TensorParallel{rank, size, nothing, nothing}, ActivationPolicy{r, slots});
+          const StageMemory want = stage_memory({.shape = kTiny.shape(),
+                                                 .embedding = range.embedding,
+                                                 .head = range.head,
+                                                 .layers = range.end_block - range.first_block,
+                                                 .rows = B,
+                                                 .seq = T,
+                                                 .tp = size,
+                                                 .tp_rank = rank,
+                                                 .recompute = r,
+                                                 .in_flight = slots});
+          const double model = want.weights + want.grads + slots * want.activations + want.recompute +
+                               want.grad_scratch + (range.head && size > 1 ? 3.0 * B * T * 4 : 0);
+          EXPECT_EQ(m.num_params(), stage_params({.shape = kTiny.shape(),
+                                                  .embedding = range.embedding,
+                                                  .head = range.head,
+                                                  .layers = range.end_block - range.first_block,
+                                                  .tp = size,
+                                                  .tp_rank = rank}));
+          EXPECT_DOUBLE_EQ(static_cast<double>(dev->mem_used_bytes() - before), model)
+              << "blocks [" << range.first_block << ", " << range.end_block << ")" << (range.embedding ? " +E" : "")
+              << (range.head ? " +H " : " ") << recompute_name(r) << ", " << slots << " slots, TP rank " << rank
+              << " of " << size;
+        }
+      }
+    }
   }
-  {
-    Gpt m(two, *dev, GptRange::whole(two), B, T);
-    used_two = dev->mem_used_bytes();
-  }
-  const double per_layer = 2.0 * 4 * static_cast<double>(layer_params(kTiny.shape())) +
-                           layer_activation_bytes(kTiny.shape(), B, T, 4.0, Recompute::kNone);
-  EXPECT_DOUBLE_EQ(static_cast<double>(used_two - used_one), per_layer);
+  // The whole model at TP 1 is GPT-2's parameter count.
+  EXPECT_EQ(stage_params({.shape = kTiny.shape(), .embedding = true, .head = true, .layers = kTiny.n_layer}),
+            total_params(kTiny.shape()));
 }
 
 // L(theta) along a random direction d: (L(theta + e d) - L(theta - e d)) / 2e must equal <grad, d>.

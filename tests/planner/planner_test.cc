@@ -108,8 +108,9 @@ TEST(CostModel, MatchesClosedForms) {
   const CostModel costs(c, small_model(4), t);
   // Ring all-reduce of 1 GB over 4 ranks at 10 GB/s and 5 us: 2 * 3/4 * 0.1 s + 6 * 5 us.
   EXPECT_NEAR(costs.ring_allreduce_s(1e9, 4, 10, 5), 0.15 + 30e-6, 1e-12);
-  // Without ZeRO, 16 bytes per parameter, split by TP.
-  EXPECT_DOUBLE_EQ(costs.layer_state_bytes(2, 4), costs.params_per_layer() / 2 * 16);
+  // A layer at TP 2 without ZeRO: its LayerNorms and two row-parallel biases whole (6 x 2048), the rest halved
+  // ((2048 x 6144 + 6144 + 2048^2 + 2 x 2048 x 8192 + 8192) / 2), at 2 + 2 + 12 bytes per parameter (bf16).
+  EXPECT_DOUBLE_EQ(costs.stage_memory({.layers = 1, .tp = 2}).state(), 25'185'280.0 * 16);
   // A layer's forward on X at TP 1: 2 m n k FLOPs at 50 TFLOP/s.
   EXPECT_NEAR(costs.layer_forward_s(0, 1, 1), layer_forward_flops(small_model(4), 1024) / 50e12, 1e-15);
   // Host-staged transfers pay two host-link copies on top of the link (X -> Y has no device-direct path).
@@ -262,7 +263,7 @@ TEST(Plan, JsonRoundTripAndVersion) {
   const Plan back = Plan::from_json(plan.to_json(), "p.json");
   EXPECT_EQ(back.to_json(), plan.to_json());
   std::string text = plan.to_json();
-  text.replace(text.find("\"version\": 1"), 12, "\"version\": 9");
+  text.replace(text.find("\"version\": 2"), 12, "\"version\": 9");
   EXPECT_THAT(error_of([&] { Plan::from_json(text, "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: plan version 9"));
   EXPECT_THAT(error_of([&] { Plan::from_json("{\"format\": \"h2-plan\"}", "p.json"); }, ErrorCode::kConfig),
