@@ -115,4 +115,8 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   return r;
 }
 
+std::vector<double> stage_memory_terms(const StageMemory& m) {
+  return {m.weights, m.grads, m.optimizer, m.activations, m.inputs, m.recompute, m.grad_scratch, m.comm};
+}
+
 }  // namespace h2

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace h2 {
 
@@ -95,6 +96,11 @@ struct StageMemory {
   double total() const { return state() + buffers() + in_flight * per_micro_batch(); }
 };
 StageMemory stage_memory(const StageMemorySpec& spec);
+
+// The terms in a fixed order with their names (reports, and for sending as numbers).
+inline constexpr const char* kStageMemoryTerms[] = {"weights", "grads",     "optimizer",    "activations",
+                                                    "inputs",  "recompute", "grad_scratch", "comm"};
+std::vector<double> stage_memory_terms(const StageMemory& m);
 
 // Parameters of a stage's range on one TP rank (the shard of every split tensor, the replicated ones whole).
 int64_t stage_params(const StageMemorySpec& spec);

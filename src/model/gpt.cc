@@ -151,8 +151,18 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   }
   int64_t total = 0;
   for (const ParamSpec& s : specs) total += shard_shape(s, tp_.rank, tp_.size).numel();
+  // Each group of allocations is measured by the allocator, for allocated().
+  size_t used = device.mem_used_bytes();
+  const auto measured = [&] {
+    const size_t now = device.mem_used_bytes();
+    const double delta = static_cast<double>(now - used);
+    used = now;
+    return delta;
+  };
   flat_params_ = device.empty(DType::kF32, {total});
+  allocated_.weights = measured();
   flat_grads_ = device.zeros(DType::kF32, {total});
+  allocated_.grads = measured();
   int64_t offset = 0;
   for (const ParamSpec& s : specs) {
     const Shape shape = shard_shape(s, tp_.rank, tp_.size);
@@ -192,7 +202,10 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                   f32({B, NH, T, T}), f32({B, T, C}),      f32({B, T, C}),      f32({B, T, C}),      f32({bt}),
                   f32({bt}),          f32({B, T, 4 * Cs}), f32({B, T, 4 * Cs}), f32({B, T, C}),      Tensor()};
   }
+  allocated_.recompute = measured();
   for (int i = 0; i < policy_.slots; ++i) slots_.push_back(allocate_activations());
+  allocated_.in_flight = policy_.slots;
+  allocated_.activations = measured() / policy_.slots;
   // Gradient scratch.
   if (range.head) g_lnf_ = f32({B, T, C});
   g_a_ = f32({B, T, C});
@@ -206,11 +219,13 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
     g_fch_ = f32({B, T, 4 * Cs});
     g_fch_gelu_ = f32({B, T, 4 * Cs});
   }
+  allocated_.grad_scratch = measured();
   if (range.head && tp_.size > 1) {
     ce_max_ = f32({bt});
     ce_sum_ = f32({bt});
     ce_target_ = f32({bt});
   }
+  allocated_.comm = measured();
 }
 
 Gpt::Activations Gpt::allocate_activations() {

@@ -157,6 +157,9 @@ class Gpt {
   int activation_slots() const { return policy_.slots; }
   // Blocks whose forward (kFull) or attention core (kSelective) backward has recomputed so far.
   int64_t recomputed_blocks() const { return recomputed_; }
+  // What the constructor allocated on the device, measured by the allocator in costs.h's terms (weights, grads,
+  // activations per slot, recompute, grad_scratch, and the head's loss statistics under TP as comm).
+  const StageMemory& allocated() const { return allocated_; }
 
   const Tensor& output() const;  // (B,T,C), without the head
   const Tensor& logits() const;  // (B,T,Vr), this rank's vocabulary columns, with the head, before loss()
@@ -198,6 +201,7 @@ class Gpt {
   std::vector<Activations> slots_;
   int slot_ = 0;
   int64_t recomputed_ = 0;
+  StageMemory allocated_;
   BlockActs shared_;  // what kSelective (att) and kFull (all but res3) recompute into, shared by blocks and slots
   // Gradient scratch, reused by every block; the vocabulary-parallel loss's per-row statistics.
   Tensor g_a_, g_b_, g_ln_, g_tmp_, g_res2_, g_atty_, g_qkv_, g_fch_, g_fch_gelu_, g_lnf_;

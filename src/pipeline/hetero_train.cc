@@ -13,6 +13,7 @@
 
 #include "core/clock.h"
 #include "core/file.h"
+#include "core/format.h"
 #include "device/registry.h"
 #include "model/dataset.h"
 #include "pipeline/runtime.h"
@@ -131,6 +132,9 @@ class RankTraining {
   void save(int64_t done);
   float evaluate();
   void record_step(int64_t step, float loss, double lr, double dt);
+  void gather_memory();                  // every rank's device peak, into peaks_ (a collective)
+  nlohmann::json memory_report() const;  // per rank: its place, chip, planned and measured bytes
+  void print_memory() const;
   // Rows [first_row, first_row + n) of micro-batch m of the step's batch.
   void take_rows(int m, int first_row, int n, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) const {
     const int64_t first = (int64_t{m} * rows_ + first_row) * T_;
@@ -156,6 +160,8 @@ class RankTraining {
   std::unique_ptr<TokenLoader> loader_, val_loader_;
   std::vector<int32_t> tokens_, targets_;  // the step's whole batch (first and last stage)
   int64_t first_step_ = 0;
+  std::vector<double> peaks_;                   // per rank: its device's measured peak, bytes
+  std::vector<std::vector<double>> allocated_;  // per rank: what its stage allocated, stage_memory's terms
   nlohmann::json trace_ = nlohmann::json::array();
   std::ofstream metrics_;
 };
@@ -237,13 +243,93 @@ float RankTraining::evaluate() {
   return static_cast<float>(sum / batches);
 }
 
+// Byte counts from every rank, exactly: each as two f32 that hold their parts exactly, whole MiB and the bytes
+// below a MiB (to 16 TiB).
+std::vector<std::vector<double>> gather_bytes(Communicator& world, const std::vector<double>& mine) {
+  std::vector<float> parts;
+  for (double b : mine) {
+    const auto bytes = static_cast<uint64_t>(b);
+    parts.push_back(static_cast<float>(bytes >> 20));
+    parts.push_back(static_cast<float>(bytes & ((uint64_t{1} << 20) - 1)));
+  }
+  std::vector<float> all(parts.size() * static_cast<size_t>(world.size()));
+  world.all_gather(all.data(), parts.data(), parts.size(), DType::kF32);
+  std::vector<std::vector<double>> out(static_cast<size_t>(world.size()));
+  for (size_t r = 0; r < out.size(); ++r) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const float* p = &all[r * parts.size() + 2 * i];
+      out[r].push_back(double{p[0]} * 1048576.0 + double{p[1]});
+    }
+  }
+  return out;
+}
+
+void RankTraining::gather_memory() {
+  peaks_.clear();
+  for (const auto& r : gather_bytes(world_, {static_cast<double>(device_->mem_peak_bytes())})) peaks_.push_back(r[0]);
+}
+
+nlohmann::json RankTraining::memory_report() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (int r = 0; r < static_cast<int>(peaks_.size()); ++r) {
+    const StageLayout::Place p = layout_.place(r);
+    const StagePlan& s = plan_.stages[static_cast<size_t>(p.stage)];
+    nlohmann::json entry = {{"rank", r},
+                            {"stage", p.stage},
+                            {"replica", p.replica},
+                            {"tp_rank", p.t},
+                            {"chip", s.chip},
+                            {"planned_bytes", s.memory_bytes},
+                            {"peak_bytes", peaks_[static_cast<size_t>(r)]}};
+    if (static_cast<size_t>(r) < allocated_.size()) {
+      // Term by term: model/costs.h's formula for this rank (its vocabulary shard) beside what it allocated.
+      const StageMemory predicted = stage_memory({.shape = plan_.shape,
+                                                  .embedding = s.embedding,
+                                                  .head = s.head,
+                                                  .layers = s.layers,
+                                                  .rows = rows_ / s.dp,
+                                                  .seq = T_,
+                                                  .tp = s.tp,
+                                                  .tp_rank = p.t,
+                                                  .optimizer_shards = run_.zero1 ? s.dp : 1,
+                                                  .recompute = s.recompute,
+                                                  .in_flight = max_in_flight(schedule_, p.stage)});
+      const std::vector<double> want = stage_memory_terms(predicted);
+      for (size_t i = 0; i < want.size(); ++i) {
+        entry["terms"][kStageMemoryTerms[i]] = {{"predicted", want[i]},
+                                                {"measured", allocated_[static_cast<size_t>(r)][i]}};
+      }
+    }
+    out.push_back(entry);
+  }
+  return out;
+}
+
+void RankTraining::print_memory() const {
+  std::printf("memory per device, measured peak beside the plan's prediction:\n");
+  for (const auto& m : memory_report()) {
+    const double planned = m["planned_bytes"].get<double>(), peak = m["peak_bytes"].get<double>();
+    std::printf("  rank %2d (stage %d, %s): peak %s, planned %s (%.3f)\n", m["rank"].get<int>(), m["stage"].get<int>(),
+                m["chip"].get<std::string>().c_str(), format_bytes(peak).c_str(), format_bytes(planned).c_str(),
+                peak / planned);
+  }
+  std::fflush(stdout);
+}
+
 void RankTraining::record_step(int64_t step, float loss, double lr, double dt) {
+  gather_memory();
   if (rank_ != 0) return;
   const double tokens_per_step = static_cast<double>(plan_.global_batch) * T_;
-  metrics_ << nlohmann::json{{"step", step + 1}, {"loss", loss}, {"grad_norm", runner_->last_grad_norm()},
-                             {"lr", lr},         {"step_s", dt}, {"tokens_per_s", tokens_per_step / dt}}
+  metrics_ << nlohmann::json{{"step", step + 1},
+                             {"loss", loss},
+                             {"grad_norm", runner_->last_grad_norm()},
+                             {"lr", lr},
+                             {"step_s", dt},
+                             {"tokens_per_s", tokens_per_step / dt},
+                             {"mem_peak_bytes", peaks_}}
                   .dump()
            << "\n";
+  if (!quiet_ && step == first_step_) print_memory();
   metrics_.flush();
   if (!quiet_ && ((step + 1) % std::max<int64_t>(1, c_.log_every) == 0 || step + 1 == c_.steps)) {
     std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %7.0f tok/s | step %.3f s (plan %.3f s)\n",
@@ -320,6 +406,8 @@ RankOutcome RankTraining::train(const std::atomic<bool>* stop_requested) {
 void RankTraining::finish(const RankOutcome& out) {
   fs::create_directories(trace_part(run_, rank_).parent_path());
   write_file_atomic(trace_part(run_, rank_).string(), trace_.dump());
+  gather_memory();
+  allocated_ = gather_bytes(world_, stage_memory_terms(runner_->allocated()));
   if (rank_ == 0) {
     const double tokens_per_step = static_cast<double>(plan_.global_batch) * T_;
     write_file_atomic((fs::path(c_.out_dir) / "measured.json").string(),
@@ -327,7 +415,8 @@ void RankTraining::finish(const RankOutcome& out) {
                                      {"last_loss", out.last_loss},
                                      {"val_loss", out.val_loss},
                                      {"step_s", out.step_seconds},
-                                     {"tokens_per_s", out.step_seconds > 0 ? tokens_per_step / out.step_seconds : 0}}
+                                     {"tokens_per_s", out.step_seconds > 0 ? tokens_per_step / out.step_seconds : 0},
+                                     {"memory", memory_report()}}
                           .dump(2));
   }
   world_.barrier();  // nobody tears the job down while a peer still needs it
@@ -367,7 +456,8 @@ double finish_run(const HeteroRun& run, int ranks) {
                                    {"planned_step_s", run.plan.step_s},
                                    {"measured_over_simulated", ratio},
                                    {"measured_tokens_per_s", measured.at("tokens_per_s")},
-                                   {"planned_tokens_per_s", run.plan.tokens_per_s}}
+                                   {"planned_tokens_per_s", run.plan.tokens_per_s},
+                                   {"memory", measured.at("memory")}}
                         .dump(2));
   return ratio;
 }

@@ -169,21 +169,32 @@ void StageRunner::allocate(ActivationPolicy policy) {
   TensorParallel tp{place_.t, shape.tp, [this](const Tensor& x) { tp_.all_reduce(x, ReduceOp::kSum); },
                     [this](const Tensor& x) { tp_.all_reduce(x, ReduceOp::kMax); }};
   model_ = std::make_unique<Gpt>(config_, device_, range_, B_, T_, std::move(tp), policy);
+  allocated_ = model_->allocated();
+  size_t used = device_.mem_used_bytes();
+  const auto measured = [&] {
+    const size_t now = device_.mem_used_bytes();
+    const double delta = static_cast<double>(now - used);
+    used = now;
+    return delta;
+  };
   const int64_t n = model_->num_params();
   const int64_t shard = options_.zero1 ? (n + shape.dp - 1) / shape.dp : n;
   optimizer_ = OptimizerState{device_.zeros(DType::kF32, {shard}), device_.zeros(DType::kF32, {shard})};
-  norm_acc_ = device_.zeros(DType::kF32, {1});
+  allocated_.optimizer = measured();
   slot_holds_.assign(static_cast<size_t>(policy.slots), -1);
   const Shape act{B_, T_, config_.n_embd};
   for (int i = 0; i < policy.slots; ++i) {
     if (first_) tokens_.push_back(device_.empty(DType::kI32, {B_, T_}));
     if (!first_) stash_.push_back(device_.empty(DType::kF32, act));
   }
+  allocated_.inputs = measured() / policy.slots;
+  norm_acc_ = device_.zeros(DType::kF32, {1});
   if (last_) targets_ = device_.empty(DType::kI32, {B_, T_});
   if (!last_) dout_ = device_.empty(DType::kF32, act);
   if (!first_) {
     for (int i = 0; i < kGradientBuffers; ++i) gout_.push_back(device_.empty(DType::kF32, act));
   }
+  allocated_.comm += measured();
 }
 
 int StageRunner::slot_of(int m) {

@@ -107,6 +107,8 @@ class StageRunner {
   Gpt& model() { return *model_; }
   const StageLayout::Place& place() const { return place_; }
   int64_t recomputations() const { return model_->recomputed_blocks(); }  // blocks recomputed in backward, so far
+  // Everything the stage allocated on its device, measured by the allocator in costs.h's terms.
+  const StageMemory& allocated() const { return allocated_; }
 
   // Runs one training step: this rank's actions of `schedule` (lowered, with gradient reduction). Returns the
   // step's mean loss, known on every rank (broadcast from the last stage).
@@ -168,6 +170,7 @@ class StageRunner {
     std::unique_ptr<Request> request;
   };
   std::vector<PendingSend> sends_;  // in flight this step
+  StageMemory allocated_;
   double loss_sum_ = 0, grad_norm_ = 0;
 };
 

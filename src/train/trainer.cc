@@ -13,6 +13,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "core/format.h"
 #include "core/log.h"
 #include "model/dataset.h"
 #include "ops/ops.h"
@@ -139,6 +140,16 @@ AdamwParams adamw_params(const TrainConfig& c, int64_t step) {
                      .step = step + 1};
 }
 
+double planned_memory_bytes(const TrainConfig& c) {
+  return stage_memory({.shape = c.model.shape(),
+                       .embedding = true,
+                       .head = true,
+                       .layers = c.model.n_layer,
+                       .rows = c.batch_size,
+                       .seq = c.seq_len})
+      .total();
+}
+
 TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   auto device = create_device(c.device);
   Gpt model(c.model, *device, GptRange::whole(c.model), c.batch_size, c.seq_len);
@@ -181,6 +192,7 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   Tensor norm_acc = device->empty(DType::kF32, {1});
   std::vector<int32_t> host_in, host_tgt;
   TrainResult result;
+  result.mem_planned_bytes = planned_memory_bytes(c);
 
   auto evaluate = [&]() -> float {
     if (!val_loader) return -1.0f;
@@ -231,11 +243,23 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
     const double tok_s = tokens_per_step / (t1 - t0);
     result.losses.push_back(loss);
     result.last_loss = loss;
+    result.mem_peak_bytes = static_cast<double>(device->mem_peak_bytes());
     const StepMetrics sm{step, loss, norm, lr, tok_s, t1 - t_start};
-    metrics << nlohmann::json{{"step", step}, {"loss", loss},          {"grad_norm", norm},
-                              {"lr", lr},     {"tokens_per_s", tok_s}, {"time_s", t1 - t_start}}
+    metrics << nlohmann::json{{"step", step},
+                              {"loss", loss},
+                              {"grad_norm", norm},
+                              {"lr", lr},
+                              {"tokens_per_s", tok_s},
+                              {"time_s", t1 - t_start},
+                              {"mem_peak_bytes", result.mem_peak_bytes},
+                              {"mem_planned_bytes", result.mem_planned_bytes}}
                    .dump()
             << "\n";
+    if (!options.quiet && step == first_step + 1) {
+      std::printf("memory on %s: peak %s, planned %s (measured / planned %.3f)\n", device->name().c_str(),
+                  format_bytes(result.mem_peak_bytes).c_str(), format_bytes(result.mem_planned_bytes).c_str(),
+                  result.mem_peak_bytes / result.mem_planned_bytes);
+    }
     if (options.on_step) options.on_step(sm);
     if (!options.quiet && (step % c.log_every == 0 || step == c.steps)) {
       const double per_step = (t1 - t_start) / static_cast<double>(step - first_step);
@@ -262,6 +286,16 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   }
   result.steps_done = step;
   result.tokens_per_second = tokens_per_step * static_cast<double>(step - first_step) / (monotonic_seconds() - t_start);
+  write_file_atomic((fs::path(c.out_dir) / "summary.json").string(),
+                    nlohmann::json{{"steps", result.steps_done},
+                                   {"last_loss", result.last_loss},
+                                   {"val_loss", result.val_loss},
+                                   {"tokens_per_s", result.tokens_per_second},
+                                   {"device", device->name()},
+                                   {"mem_planned_bytes", result.mem_planned_bytes},
+                                   {"mem_peak_bytes", result.mem_peak_bytes}}
+                            .dump(2) +
+                        "\n");
   return result;
 }
 

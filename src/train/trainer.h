@@ -3,8 +3,9 @@
 // Each step: a batch from the data loader, forward, loss, backward, global gradient norm and clipping, AdamW
 // (weight decay on matrices only), with a learning rate that warms up linearly and then follows a cosine down
 // to min_lr (Loshchilov & Hutter 2017). It prints a progress line, writes metrics as JSON lines, evaluates
-// on held-out data and checkpoints (train/checkpoint.h). Resuming from a checkpoint continues the identical
-// loss curve, bit for bit, on the same backend with the same thread count.
+// on held-out data and checkpoints (train/checkpoint.h). The device's measured memory peak is reported beside
+// what model/costs.h predicts (after the first step, in metrics.jsonl and in summary.json). Resuming from a checkpoint
+// continues the identical loss curve, bit for bit, on the same backend with the same thread count.
 #pragma once
 
 #include <atomic>
@@ -52,6 +53,9 @@ double learning_rate(const TrainConfig& config, int64_t step);
 // The AdamW hyperparameters of (0-based) step `step`: the config's, with that step's learning rate.
 AdamwParams adamw_params(const TrainConfig& config, int64_t step);
 
+// The memory one device needs to train `config`'s whole model: model/costs.h's stage_memory, f32.
+double planned_memory_bytes(const TrainConfig& config);
+
 // Keeps the metrics file's lines up to `keep_up_to_step` (a resumed run rewrites what follows) and returns a
 // stream appending to it.
 std::ofstream open_metrics(const std::string& path, int64_t keep_up_to_step);
@@ -67,8 +71,10 @@ struct TrainResult {
   float last_loss = 0.0f;
   float val_loss = -1.0f;  // -1 when not evaluated
   double tokens_per_second = 0.0;
-  std::vector<float> losses;  // per step run in this call
-  bool interrupted = false;   // stopped early by stop_requested, after checkpointing
+  std::vector<float> losses;     // per step run in this call
+  bool interrupted = false;      // stopped early by stop_requested, after checkpointing
+  double mem_planned_bytes = 0;  // what model/costs.h's stage_memory predicts for the run
+  double mem_peak_bytes = 0;     // what the device's allocator measured at its peak
 };
 
 struct TrainOptions {

@@ -285,6 +285,18 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   const auto val = [](const std::string& line) { return nlohmann::json::parse(line).at("val_loss").get<double>(); };
   const double want = val(metric_lines(dir_ + "/single/metrics.jsonl").back());
   EXPECT_NEAR(val(full_metrics.back()), want, 1e-4 * want);
+  // Every rank's measured memory peak beside the plan's figure: printed, and in summary.json, equal to the byte.
+  EXPECT_THAT(full.output, HasSubstr("memory per device, measured peak beside the plan's prediction"));
+  const auto summary = nlohmann::json::parse(read_file(dir_ + "/full/summary.json"));
+  ASSERT_EQ(summary.at("memory").size(), 2u);
+  for (const auto& m : summary.at("memory")) {
+    EXPECT_EQ(m.at("peak_bytes").get<double>(), m.at("planned_bytes").get<double>()) << m.dump();
+    ASSERT_EQ(m.at("terms").size(), 8u);
+    for (const auto& [term, v] : m.at("terms").items()) {
+      EXPECT_EQ(v.at("measured").get<double>(), v.at("predicted").get<double>()) << term;
+    }
+  }
+  EXPECT_EQ(nlohmann::json::parse(full_metrics.front()).at("mem_peak_bytes").size(), 2u);
   // Both ranks' actions are in the measured trace.
   std::ifstream trace(dir_ + "/full/trace_measured.json");
   const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());

@@ -7,6 +7,7 @@
 // step, and one with 10% headroom runs.
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "comm/transport/inproc/transport.h"
 #include "device/registry.h"
@@ -63,7 +64,8 @@ Plan planned(const Case& c, const Cluster& cluster) {
 // and error.
 struct RankRun {
   double peak = 0;
-  int stage = 0;
+  int stage = 0, t = 0;
+  StageMemory allocated;  // the runtime's allocations, measured in costs.h's terms
   std::string error;
 };
 std::vector<RankRun> run_one_step(const Plan& plan, const Case& c, size_t capacity,
@@ -82,6 +84,7 @@ std::vector<RankRun> run_one_step(const Plan& plan, const Case& c, size_t capaci
       try {
         const StageLayout::Place place = layout.place(r);
         me.stage = place.stage;
+        me.t = place.t;
         Communicator world(transports[static_cast<size_t>(r)], CommOptions{.timeout = timeout});
         StageComms comms = StageComms::split(world, layout);
         EmuProfile chip = default_emu_profile();
@@ -103,6 +106,7 @@ std::vector<RankRun> run_one_step(const Plan& plan, const Case& c, size_t capaci
             },
             AdamwParams{});
         me.peak = static_cast<double>(device->mem_peak_bytes());
+        me.allocated = runner.allocated();
       } catch (const std::exception& e) {
         me.error = e.what();
       }
@@ -130,6 +134,29 @@ TEST(MemoryTruth, EveryDevicesPeakIsThePlannersPrediction) {
               // Beyond the 5% bar: stage_memory counts every allocation, so they agree to the byte, and a term
               // the formula missed (or a buffer the runtime added) fails here however small.
               EXPECT_EQ(rank.peak, predicted) << describe(c) << ", stage " << rank.stage;
+              // And term by term, for this rank's vocabulary shard.
+              const StagePlan& s = plan.stages[static_cast<size_t>(rank.stage)];
+              const StageMemory want = stage_memory({.shape = kModel.shape(),
+                                                     .embedding = s.embedding,
+                                                     .head = s.head,
+                                                     .layers = s.layers,
+                                                     .rows = 1,
+                                                     .tp = s.tp,
+                                                     .tp_rank = rank.t,
+                                                     .optimizer_shards = zero1 ? dp : 1,
+                                                     .recompute = r,
+                                                     .in_flight = s.in_flight});
+              const StageMemory& got = rank.allocated;
+              for (auto [name, a, b] : {std::tuple{"weights", got.weights, want.weights},
+                                        {"grads", got.grads, want.grads},
+                                        {"optimizer", got.optimizer, want.optimizer},
+                                        {"activations", got.activations, want.activations},
+                                        {"inputs", got.inputs, want.inputs},
+                                        {"recompute", got.recompute, want.recompute},
+                                        {"grad_scratch", got.grad_scratch, want.grad_scratch},
+                                        {"comm", got.comm, want.comm}}) {
+                EXPECT_EQ(a, b) << name << ": " << describe(c) << ", stage " << rank.stage;
+              }
               EXPECT_NEAR(sim.peak_memory_bytes[static_cast<size_t>(rank.stage)] / rank.peak, 1.0, 0.05)
                   << describe(c) << ", stage " << rank.stage << " (simulator)";
             }

@@ -6,7 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "core/file.h"
 #include "core/safetensors.h"
 #include "model/test_data.h"
 #include "test_util.h"
@@ -111,6 +114,24 @@ TEST(Checkpoint, AnotherModelIsNamedByItsField) {
               HasSubstr("its n_head is 4"));
 }
 
+// The device's measured peak beside the planned figure: equal to the byte (model/costs.h counts every
+// allocation: model, optimizer, tokens, targets), in the result, in metrics.jsonl and in summary.json.
+TEST(Trainer, ReportsMeasuredMemoryBesideThePlannedFigure) {
+  TrainConfig c = tiny_config("memory", "cpu");
+  c.steps = 2;
+  const TrainResult r = train(c, {.quiet = true});
+  EXPECT_GT(r.mem_peak_bytes, 0);
+  EXPECT_EQ(r.mem_peak_bytes, r.mem_planned_bytes);
+  EXPECT_EQ(r.mem_planned_bytes, planned_memory_bytes(c));
+  const auto summary = nlohmann::json::parse(read_file(c.out_dir + "/summary.json"));
+  EXPECT_EQ(summary.at("mem_peak_bytes").get<double>(), r.mem_peak_bytes);
+  EXPECT_EQ(summary.at("mem_planned_bytes").get<double>(), r.mem_planned_bytes);
+  std::istringstream lines(read_file(c.out_dir + "/metrics.jsonl"));
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_EQ(nlohmann::json::parse(line).at("mem_peak_bytes").get<double>(), r.mem_peak_bytes);
+}
+
 TEST(Trainer, ResumeContinuesTheIdenticalCurve) {
   TrainConfig straight = tiny_config("resume_straight", "cpu");
   straight.steps = 10;
@@ -187,8 +208,9 @@ TEST(Checkpoint, SaveLoadRoundTripInHuggingFaceLayout) {
 
 // Tensor-parallel shards hold their part of the whole model: initialised alike, put together into the whole
 // tensors for a checkpoint, and sliced back out of one (the reference: the whole model, unsplit).
+// A vocabulary of 30 over TP 4: the vocabulary-parallel table's shards hold 7, 8, 7 and 8 rows.
 TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
-  const GptConfig config{.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = kVocab, .seq_len = 8};
+  const GptConfig config{.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 30, .seq_len = 8};
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   Gpt whole(config, *dev, GptRange::whole(config), 1, 4);
   whole.init(3);
