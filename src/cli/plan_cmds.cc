@@ -49,14 +49,17 @@ int run_plan(const PlanCmd& o) {
 }
 
 struct SimCmd {
-  std::string plan, schedule = "1f1b", trace;
-  int chunks = 2;
+  std::string plan, schedule, trace;
+  int chunks = 0;
 };
 
 int run_simulate(const SimCmd& s) {
   const Plan plan = load_plan(s.plan);
-  const SimResult r = simulate(plan, SimOptions{parse_schedule_kind(s.schedule), s.chunks});
-  std::fputs(format_simulation(plan, r, s.schedule).c_str(), stdout);
+  SimOptions options{.chunks = s.chunks};
+  if (!s.schedule.empty()) options.schedule = parse_schedule_kind(s.schedule);
+  const SimResult r = simulate(plan, options);
+  std::fputs(format_simulation(plan, r, s.schedule.empty() ? schedule_name(plan.schedule) : s.schedule).c_str(),
+             stdout);
   if (!s.trace.empty()) {
     write_file_atomic(s.trace, r.trace_json);
     std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", s.trace.c_str());
@@ -86,10 +89,10 @@ void register_plan(CLI::App& app, Command& selected) {
   CLI::App* sim = app.add_subcommand("simulate", "Replay a plan's pipeline schedule event by event");
   auto s = std::make_shared<SimCmd>();
   sim->add_option("plan", s->plan, "plan.json from h2 plan --out")->required();
-  sim->add_option("--schedule", s->schedule, "gpipe | 1f1b | interleaved")->capture_default_str();
-  sim->add_option("--chunks", s->chunks, "virtual stages per rank (interleaved)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  sim->add_option("--schedule", s->schedule,
+                  "replay another schedule: gpipe | 1f1b | interleaved (default: the plan's)");
+  sim->add_option("--chunks", s->chunks, "virtual stages per rank for interleaved (default: the plan's, or 2)")
+      ->check(CLI::PositiveNumber);
   sim->add_option("--trace", s->trace, "write a Chrome/Perfetto trace JSON here");
   sim->callback([s, &selected] { selected = [s] { return run_simulate(*s); }; });
 }

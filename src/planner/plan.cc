@@ -35,6 +35,8 @@ void visit_layout(S& p, F&& f) {
   f("micro_batch", p.micro_batch);
   f("num_micro_batches", p.num_micro_batches);
   f("dp", p.dp);
+  f("schedule", p.schedule);
+  f("chunks", p.chunks);
 }
 
 template <typename S, typename F>
@@ -78,6 +80,7 @@ void visit_prediction(S& p, F&& f) {
 struct Writer {
   nlohmann::ordered_json& j;
   void operator()(const char* name, Recompute r) const { j[name] = recompute_name(r); }
+  void operator()(const char* name, ScheduleKind k) const { j[name] = schedule_name(k); }
   template <typename T>
   void operator()(const char* name, const T& value) const {
     j[name] = value;
@@ -101,6 +104,15 @@ struct Reader {
     const std::optional<Recompute> parsed = v.is_string() ? parse_recompute(v.get<std::string>()) : std::nullopt;
     if (!parsed) fail(name, cat(v.dump(), " is not a recomputation; use \"none\", \"selective\" or \"full\""));
     r = *parsed;
+  }
+  void operator()(const char* name, ScheduleKind& k) const {
+    const nlohmann::json& v = at(name);
+    if (!v.is_string()) fail(name, cat(v.dump(), " is not a schedule; use \"gpipe\", \"1f1b\" or \"interleaved\""));
+    try {
+      k = parse_schedule_kind(v.get<std::string>());
+    } catch (const Error& e) {
+      fail(name, e.what());
+    }
   }
   template <typename T>
   void operator()(const char* name, T& value) const {
@@ -172,28 +184,15 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
   visit_layout(p, top);
   const nlohmann::json& stages = top.at("stages");
   if (!stages.is_array()) top.fail("stages", "expected a list");
-  int next_layer = 0;
   for (size_t i = 0; i < stages.size(); ++i) {
     const std::string where = cat("stages[", i, "].");
     if (!stages[i].is_object()) top.fail(cat("stages[", i, "]").c_str(), "expected an object");
     StagePlan st;
     visit_stage(st, Reader{stages[i], source, where});
-    if (st.tp < 1 || st.dp < 1 || st.layers < 0 || st.first_layer != next_layer || st.forward_s < 0 ||
-        st.backward_s < 0 || st.tied_allreduce_s < 0) {
-      throw Error(ErrorCode::kConfig, cat(source, ": stages[", i,
-                                          "]: inconsistent stage (tp, dp >= 1; layers contiguous from 0; times >= 0)"));
-    }
-    next_layer += st.layers;
     p.stages.push_back(st);
   }
-  if (p.stages.empty() || next_layer != p.shape.layers) {
-    throw Error(ErrorCode::kConfig,
-                cat(source, ": stages cover ", next_layer, " of the model's ", p.shape.layers, " layers"));
-  }
   visit_prediction(p, object(j, "prediction", ""));
-  if (p.micro_batch < 1 || p.num_micro_batches < 1 || p.dp < 1) {
-    throw Error(ErrorCode::kConfig, cat(source, ": micro_batch, num_micro_batches and dp must be >= 1"));
-  }
+  check_plan(p, source);
   return p;
 }
 
@@ -219,6 +218,81 @@ StepEnd end_of_step(const Plan& plan, const std::vector<double>& finish) {
   e.step_s = 0;
   for (size_t i = 0; i < p; ++i) e.step_s = std::max(e.step_s, norm + plan.stages[i].optimizer_s);
   return e;
+}
+
+void check_plan(const Plan& p, const std::string& source) {
+  const auto fail = [&](const std::string& field, const std::string& what) {
+    throw Error(ErrorCode::kConfig, cat(source, ": field '", field, "': ", what));
+  };
+  if (p.micro_batch < 1) fail("micro_batch", cat("must be >= 1, got ", p.micro_batch));
+  if (p.num_micro_batches < 1) fail("num_micro_batches", cat("must be >= 1, got ", p.num_micro_batches));
+  if (p.dp < 1) fail("dp", cat("must be >= 1, got ", p.dp));
+  if (p.global_batch != int64_t{p.dp} * p.micro_batch * p.num_micro_batches) {
+    fail("num_micro_batches", cat(p.num_micro_batches, " micro-batches of ", p.micro_batch, " sequences on ", p.dp,
+                                  " pipelines make ", int64_t{p.dp} * p.micro_batch * p.num_micro_batches,
+                                  " sequences, not the global batch of ", p.global_batch));
+  }
+  if (p.stages.empty()) fail("stages", "there are none");
+  const int64_t rows = int64_t{p.dp} * p.micro_batch;  // a micro-batch's sequences over a stage's replicas
+  int next_layer = 0, fewest_layers = p.shape.layers;
+  for (size_t i = 0; i < p.stages.size(); ++i) {
+    const StagePlan& s = p.stages[i];
+    const std::string where = cat("stages[", i, "].");
+    if (s.tp < 1) fail(where + "tp", cat("must be >= 1, got ", s.tp));
+    if (s.dp < 1 || rows % s.dp != 0) {
+      fail(where + "dp", cat(s.dp, " replicas do not divide a micro-batch's ", rows, " sequences"));
+    }
+    if (s.first_layer != next_layer || s.layers < 0) {
+      fail(where + "first_layer", cat("layers ", s.first_layer, "..", s.first_layer + s.layers - 1,
+                                      ": the stages must cover the layers in order from 0"));
+    }
+    for (auto [v, name] : {std::pair{s.forward_s, "forward_s"},
+                           {s.backward_s, "backward_s"},
+                           {s.send_s, "send_s"},
+                           {s.dp_allreduce_s, "dp_allreduce_s"},
+                           {s.tied_allreduce_s, "tied_allreduce_s"},
+                           {s.optimizer_s, "optimizer_s"},
+                           {s.state_bytes, "state_bytes"},
+                           {s.activation_bytes, "activation_bytes"},
+                           {s.buffer_bytes, "buffer_bytes"}}) {
+      if (!(v >= 0)) fail(where + name, cat("must be >= 0, got ", v));
+    }
+    next_layer += s.layers;
+    fewest_layers = std::min(fewest_layers, s.layers);
+  }
+  if (next_layer != p.shape.layers) {
+    fail("stages", cat("the stages hold ", next_layer, " of the model's ", p.shape.layers, " layers"));
+  }
+  if (p.chunks < 1) fail("chunks", cat("must be >= 1, got ", p.chunks));
+  if (p.schedule == ScheduleKind::kInterleaved) {
+    if (p.chunks > fewest_layers) {
+      fail("chunks", cat(p.chunks, " chunks per stage, but a stage has only ", fewest_layers,
+                         " layers; each chunk needs at least one"));
+    }
+    if (p.num_micro_batches % static_cast<int>(p.stages.size()) != 0) {
+      fail("num_micro_batches",
+           cat("interleaved 1F1B needs a multiple of the ", p.stages.size(), " stages, got ", p.num_micro_batches));
+    }
+  } else if (p.chunks != 1) {
+    fail("chunks", cat(p.chunks, " chunks need the interleaved schedule, not ", schedule_name(p.schedule)));
+  }
+}
+
+Schedule schedule_of(const Plan& plan) {
+  return make_schedule(plan.schedule, static_cast<int>(plan.stages.size()), plan.chunks, plan.num_micro_batches);
+}
+
+ReplayResult replay_plan(const Plan& plan) {
+  const int p = static_cast<int>(plan.stages.size()), v = plan.chunks;
+  double slowest_link = 0;
+  for (const StagePlan& s : plan.stages) slowest_link = std::max(slowest_link, s.send_s);
+  return replay(
+      schedule_of(plan),
+      [&](int vs, bool forward) {
+        const StagePlan& s = plan.stages[static_cast<size_t>(vs % p)];
+        return (forward ? s.forward_s : s.backward_s) / v;
+      },
+      [&](int vs) { return vs % p == p - 1 ? slowest_link : plan.stages[static_cast<size_t>(vs % p)].send_s; });
 }
 
 }  // namespace h2

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/costs.h"
+#include "schedule/replay.h"
 
 namespace h2 {
 
@@ -43,7 +44,9 @@ struct Plan {
   int64_t global_batch = 0;
   int micro_batch = 1;        // sequences per micro-batch
   int num_micro_batches = 1;  // per pipeline per step
-  int dp = 1;                 // pipelines
+  int dp = 1;                 // pipelines (a stage's own dp may differ: its replicas share the micro-batch's rows)
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int chunks = 1;  // virtual stages per rank (interleaved)
   std::vector<StagePlan> stages;
   // Predictions.
   double step_s = 0, tokens_per_s = 0, mfu = 0, bubble_fraction = 0;
@@ -65,6 +68,17 @@ struct StepEnd {
   std::vector<double> reduce_start, tied_start, optim_start;
 };
 StepEnd end_of_step(const Plan& plan, const std::vector<double>& finish);
+
+// The plan's schedule replayed with its stages' times (schedule/replay.h): a rank's stage time split evenly over
+// its chunks, the boundary from the last rank back to the first (interleaving) at the slowest boundary's time.
+Schedule schedule_of(const Plan& plan);
+ReplayResult replay_plan(const Plan& plan);
+
+// Error(kConfig) naming the field when a plan contradicts itself: micro-batches that do not make the global batch,
+// a stage's replicas that do not divide a micro-batch's sequences, stages that do not cover the layers, a schedule
+// the stages cannot run (interleaving needs at least `chunks` layers per stage and micro-batches a multiple of
+// the stages).
+void check_plan(const Plan& plan, const std::string& source);
 
 void save_plan(const Plan& plan, const std::string& path);  // atomic
 Plan load_plan(const std::string& path);

@@ -112,6 +112,37 @@ Schedule Schedule::parse_csv(std::string_view text, int ranks, int stages, int m
   return s;
 }
 
+const char* schedule_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved}) {
+    if (name == schedule_name(k)) return k;
+  }
+  throw Error(ErrorCode::kInvalidArgument, cat("unknown schedule '", name, "'; use gpipe, 1f1b or interleaved"));
+}
+
+Schedule make_schedule(ScheduleKind kind, int ranks, int chunks, int m) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return schedule_gpipe(ranks, m);
+    case ScheduleKind::k1F1B:
+      return schedule_1f1b(ranks, m);
+    case ScheduleKind::kInterleaved:
+      return schedule_interleaved(ranks, chunks, m);
+  }
+  return schedule_1f1b(ranks, m);
+}
+
 Schedule schedule_gpipe(int ranks, int m) {
   Schedule s{ranks, ranks, m, std::vector<std::vector<Action>>(static_cast<size_t>(ranks))};
   for (int r = 0; r < ranks; ++r) {

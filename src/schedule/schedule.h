@@ -37,6 +37,12 @@ struct Schedule {
   static Schedule parse_csv(std::string_view text, int ranks, int stages, int micro_batches);
 };
 
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved };
+const char* schedule_name(ScheduleKind kind);               // "gpipe", "1f1b", "interleaved"
+ScheduleKind parse_schedule_kind(const std::string& name);  // the same names; Error(kInvalidArgument) for others
+// The generator of `kind` (chunks: virtual stages per rank, interleaved only).
+Schedule make_schedule(ScheduleKind kind, int ranks, int chunks, int micro_batches);
+
 // GPipe (Huang et al. 2019): all forwards, then all backwards.
 Schedule schedule_gpipe(int ranks, int micro_batches);
 // 1F1B (Narayanan et al. 2019, PipeDream-Flush): warm-up forwards, alternate one forward and one backward,

@@ -9,20 +9,19 @@
 // under interleaving the boundary from the last rank back to the first uses the slowest boundary's time.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "planner/plan.h"
-#include "schedule/schedule.h"
+#include "schedule/replay.h"
 
 namespace h2 {
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved };
-ScheduleKind parse_schedule_kind(const std::string& name);  // gpipe | 1f1b | interleaved
-
+// Replay another schedule than the plan's (what-if).
 struct SimOptions {
-  ScheduleKind schedule = ScheduleKind::k1F1B;
-  int chunks = 2;  // virtual stages per rank for interleaved 1F1B
+  std::optional<ScheduleKind> schedule;  // the plan's when absent
+  int chunks = 0;                        // virtual stages per rank for interleaved 1F1B; 0: the plan's, or 2
 };
 
 struct SimResult {
@@ -37,8 +36,9 @@ struct SimResult {
   bool fits() const;
 };
 
-// Throws Error(kInvalidArgument) when the schedule deadlocks (with the dry run's grid).
-SimResult simulate(const Plan& plan, const SimOptions& options);
+// Throws Error(kInvalidArgument) when the schedule deadlocks (with the dry run's grid), Error(kConfig) naming the
+// field when the plan cannot run the schedule (check_plan).
+SimResult simulate(const Plan& plan, const SimOptions& options = {});
 
 // The step against the planner's, and per stage its busy time and peak memory against capacity ("OVER
 // CAPACITY" where it does not fit); `schedule` names the schedule replayed.

@@ -20,12 +20,13 @@ Plan uniform_plan(int p, int m, double f, double b) {
   Plan plan;
   plan.num_micro_batches = m;
   plan.micro_batch = 1;
-  plan.shape.layers = p;
+  plan.global_batch = m;
+  plan.shape.layers = 2 * p;
   for (int i = 0; i < p; ++i) {
     StagePlan s;
     s.chip = "X";
-    s.first_layer = i;
-    s.layers = 1;
+    s.first_layer = 2 * i;
+    s.layers = 2;
     s.forward_s = f;
     s.backward_s = b;
     s.state_bytes = 100;
