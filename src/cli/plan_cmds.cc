@@ -2,8 +2,10 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "core/config.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "planner/layout.h"
 #include "planner/report.h"
 #include "sim/simulator.h"
 
@@ -12,15 +14,28 @@ namespace {
 
 struct PlanCmd {
   std::string cluster = "examples/cluster_hetero1024.yaml", model = "examples/model_100b.yaml",
-              train = "examples/train_100b.yaml", out, baseline;
+              train = "examples/train_100b.yaml", out, baseline, layout;
   bool compare = false;
   double budget = 5;
   int threads = 0;
 };
 
+// `h2 plan --layout F`: the given layout costed as it is.
+int run_layout(const PlanCmd& o, const PlanningInputs& in, const CostModel& costs) {
+  Plan plan = cost_layout(costs, load_layout(ConfigNode::load_file(o.layout), costs));
+  plan.model = in.model_name;
+  std::fputs(format_plan(plan).c_str(), stdout);
+  if (!o.out.empty()) {
+    save_plan(plan, o.out);
+    std::printf("wrote %s\n", o.out.c_str());
+  }
+  return 0;
+}
+
 int run_plan(const PlanCmd& o) {
   const PlanningInputs in = load_planning_inputs(o.cluster, o.model, o.train);
   const CostModel costs(in.cluster, in.model, in.train);
+  if (!o.layout.empty()) return run_layout(o, in, costs);
   const PlannerOptions options{o.budget, o.threads};
   SearchStats stats;
   Plan plan = plan_training(costs, options, &stats);
@@ -49,12 +64,24 @@ int run_plan(const PlanCmd& o) {
 }
 
 struct SimCmd {
-  std::string plan, schedule, trace;
+  std::string plan, schedule, trace, cluster, model, train;
   int chunks = 0;
 };
 
 int run_simulate(const SimCmd& s) {
-  const Plan plan = load_plan(s.plan);
+  if (!s.cluster.empty() && (s.model.empty() || s.train.empty())) {
+    throw Error(ErrorCode::kInvalidArgument, "h2 simulate --cluster needs --model and --train too");
+  }
+  Plan plan = load_plan(s.plan);
+  if (!s.cluster.empty()) {  // re-cost the plan's layout with these figures
+    const PlanningInputs in = load_planning_inputs(s.cluster, s.model, s.train);
+    const CostModel costs(in.cluster, in.model, in.train);
+    const std::string name = plan.model;
+    plan = cost_layout(costs, layout_spec_of(plan, costs));
+    plan.model = name;
+    plan.why = cat("re-costed from ", s.cluster, ", ", s.model, ", ", s.train);
+    std::printf("%s: the layout of %s re-costed with %s\n", s.plan.c_str(), s.plan.c_str(), s.cluster.c_str());
+  }
   SimOptions options{.chunks = s.chunks};
   if (!s.schedule.empty()) options.schedule = parse_schedule_kind(s.schedule);
   const SimResult r = simulate(plan, options);
@@ -84,6 +111,11 @@ void register_plan(CLI::App& app, Command& selected) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   pl->add_option("--search-threads", o->threads, "search threads (0: one per core)")->capture_default_str();
+  pl->add_option("--layout", o->layout,
+                 "cost this layout as given instead of searching (stages, TP, DP, layers, recomputation, "
+                 "micro-batch, schedule; docs/planner.md)")
+      ->excludes("--compare")
+      ->excludes("--baseline");
   pl->callback([o, &selected] { selected = [o] { return run_plan(*o); }; });
 
   CLI::App* sim = app.add_subcommand("simulate", "Replay a plan's pipeline schedule event by event");
@@ -94,6 +126,9 @@ void register_plan(CLI::App& app, Command& selected) {
   sim->add_option("--chunks", s->chunks, "virtual stages per rank for interleaved (default: the plan's, or 2)")
       ->check(CLI::PositiveNumber);
   sim->add_option("--trace", s->trace, "write a Chrome/Perfetto trace JSON here");
+  sim->add_option("--cluster", s->cluster, "re-cost the plan's layout with this cluster file (needs --model, --train)");
+  sim->add_option("--model", s->model, "with --cluster: the model file")->needs("--cluster");
+  sim->add_option("--train", s->train, "with --cluster: the training setup file")->needs("--cluster");
   sim->callback([s, &selected] { selected = [s] { return run_simulate(*s); }; });
 }
 

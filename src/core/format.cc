@@ -6,6 +6,13 @@
 
 namespace h2 {
 
+std::string format_seconds(double s) {
+  const double a = std::abs(s);
+  if (a >= 1.0 || a == 0.0) return format("%.4g s", s);
+  if (a >= 1e-3) return format("%.4g ms", s * 1e3);
+  return format("%.4g us", s * 1e6);
+}
+
 std::string format_bytes(double bytes) {
   char buf[64];
   const double a = std::abs(bytes);

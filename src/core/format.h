@@ -18,6 +18,9 @@ std::string format(const char* fmt, Args... args) {
   return out;
 }
 
+// A duration with four significant digits in a fitting unit: "24.65 s", "3.127 ms", "41.20 us".
+std::string format_seconds(double seconds);
+
 // "1.50 GiB", "12.0 MiB", "3.0 KiB", "512 B": sizes as people read them in messages and tables.
 std::string format_bytes(double bytes);
 

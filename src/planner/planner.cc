@@ -23,7 +23,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // affine in the number of layers n >= 1 (up to ZeRO-1's rounding of the optimizer shard, a few bytes):
 // fixed[r] + n per_layer[r].
 struct StageTerms {
-  int chip, tp, in_flight;
+  int chip, tp, dp, rows, in_flight;  // rows: a micro-batch's sequences on one replica
   bool embedding, head;
   double extra_fwd_s, extra_bwd_s;  // embedding / head work per micro-batch
   double usable_bytes;
@@ -45,16 +45,18 @@ struct StageTerms {
 std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   const int p = static_cast<int>(layout.stages.size());
   const int m = static_cast<int>(c.train().global_batch / (layout.dp * layout.micro_batch));
-  const int b = layout.micro_batch;
-  // Stages of one chip type and TP degree share their time per layer: cost each pair once.
+  const int rows = layout.dp * layout.micro_batch;  // a micro-batch's sequences over a stage's replicas
+  const Schedule schedule = make_schedule(layout.schedule, p, layout.chunks, m);
+  // Stages of one chip type, TP degree and rows per replica share their time per layer: cost each once.
   std::vector<StageTerms> bases;
-  auto base = [&](int chip, int tp) -> const StageTerms& {
+  auto base = [&](int chip, int tp, int b) -> const StageTerms& {
     for (const StageTerms& t : bases) {
-      if (t.chip == chip && t.tp == tp) return t;
+      if (t.chip == chip && t.tp == tp && t.rows == b) return t;
     }
     StageTerms t{};
     t.chip = chip;
     t.tp = tp;
+    t.rows = b;
     t.usable_bytes = c.usable_bytes(chip);
     t.fwd_layer_s = c.layer_forward_s(chip, tp, b);
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -66,9 +68,12 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   std::vector<StageTerms> out;
   out.reserve(static_cast<size_t>(p));
   for (int i = 0; i < p; ++i) {
-    const auto [chip, tp] = layout.stages[static_cast<size_t>(i)];
-    StageTerms t = base(chip, tp);
-    t.in_flight = std::min(p - i, m);  // 1F1B: stage i holds the activations of p - i micro-batches (max_in_flight)
+    const auto [chip, tp, own_dp] = layout.stages[static_cast<size_t>(i)];
+    const int dp = layout.stage_dp(static_cast<size_t>(i)), b = rows / dp;
+    StageTerms t = base(chip, tp, b);
+    t.dp = dp;
+    // The micro-batches (a chunk's share each when interleaved) its schedule keeps in flight: 1F1B min(p - i, m).
+    t.in_flight = max_in_flight(schedule, i);
     t.embedding = i == 0;
     t.head = i == p - 1;
     if (t.embedding) {
@@ -84,7 +89,7 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
                              .head = t.head,
                              .rows = b,
                              .tp = tp,
-                             .optimizer_shards = c.train().zero1 ? layout.dp : 1,
+                             .optimizer_shards = c.train().zero1 ? dp : 1,
                              .in_flight = t.in_flight};
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       StageMemorySpec spec = t.spec;
@@ -153,7 +158,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   const std::vector<StageTerms> terms = stage_terms(c, layout);
   const std::vector<Recompute> choices = allowed(c);
   const int p = static_cast<int>(terms.size());
-  const int b = layout.micro_batch;
+  const int b = layout.micro_batch, v = layout.chunks;
   const int m = static_cast<int>(c.train().global_batch / (layout.dp * b));
   const TransformerShape& s = c.model();
   Plan plan;
@@ -163,6 +168,8 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   plan.micro_batch = b;
   plan.num_micro_batches = m;
   plan.dp = layout.dp;
+  plan.schedule = layout.schedule;
+  plan.chunks = v;
   int first = 0;
   double sum_e = 0, max_e = 0, sum_c = 0, max_c = 0;
   for (int i = 0; i < p; ++i) {
@@ -170,7 +177,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     const int n = layers[static_cast<size_t>(i)];
     // The given recomputation, else the fastest under which n layers fit.
     std::optional<Recompute> pick;
-    if (!options.recompute.empty()) {
+    if (!options.recompute.empty() && options.recompute[static_cast<size_t>(i)]) {
       pick = options.recompute[static_cast<size_t>(i)];
     } else {
       for (Recompute r : choices) {
@@ -184,10 +191,12 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     spec.layers = n;
     spec.recompute = pick.value_or(choices.back());
     const StageMemory memory = c.stage_memory(spec);
-    if (memory.total() > t.usable_bytes && failure != nullptr) {
-      failure->shortfall_bytes = memory.total() - t.usable_bytes;
+    // Interleaved: a micro-batch in flight holds one chunk's share of the stage's activations.
+    const double total = memory.state() + memory.buffers() + t.in_flight * memory.per_micro_batch() / v;
+    if (total > t.usable_bytes && failure != nullptr) {
+      failure->shortfall_bytes = total - t.usable_bytes;
       failure->what =
-          cat(describe_stage(c, i, t), " with ", n, " layers needs ", format_bytes(memory.total()), " per device with ",
+          cat(describe_stage(c, i, t), " with ", n, " layers needs ", format_bytes(total), " per device with ",
               recompute_name(spec.recompute), " recomputation; it has ", format_bytes(t.usable_bytes),
               " usable (short by ", format_bytes(failure->shortfall_bytes), ")");
     }
@@ -196,7 +205,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     st.chip_index = t.chip;
     st.chip = c.cluster().chips[static_cast<size_t>(t.chip)].name;
     st.tp = t.tp;
-    st.dp = layout.dp;
+    st.dp = t.dp;
     st.first_layer = first;
     st.layers = n;
     st.embedding = t.embedding;
@@ -207,20 +216,20 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     st.backward_s = n * t.bwd_layer_s[static_cast<int>(spec.recompute)] + t.extra_bwd_s;
     if (i + 1 < p) {
       const StageTerms& next = terms[static_cast<size_t>(i + 1)];
-      st.send_s = c.transfer_s(t.chip, t.tp, next.chip, next.tp, b);
+      st.send_s = c.transfer_s(t.chip, t.tp, next.chip, next.tp, next.rows);
     }
     const double params = static_cast<double>(stage_params(spec));  // per device: this TP rank's shard
-    st.dp_allreduce_s = c.dp_allreduce_s(t.chip, t.tp, layout.dp, params);
+    st.dp_allreduce_s = c.dp_allreduce_s(t.chip, t.tp, t.dp, params);
     if (p > 1 && s.tied_embeddings && (t.embedding || t.head)) {
       // Each rank exchanges its vocabulary rows with the other end's ranks that hold them.
       st.tied_allreduce_s =
           c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden) / t.tp);
     }
-    st.optimizer_s = c.optimizer_s(t.chip, layout.dp, params);
+    st.optimizer_s = c.optimizer_s(t.chip, t.dp, params);
     st.state_bytes = memory.state();
     st.activation_bytes = memory.per_micro_batch();
     st.buffer_bytes = memory.buffers();
-    st.memory_bytes = memory.total();
+    st.memory_bytes = total;
     st.capacity_bytes = t.usable_bytes;
     plan.fits = plan.fits && st.memory_bytes <= st.capacity_bytes;
     const double e = st.forward_s + st.backward_s;
@@ -232,17 +241,24 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     first += n;
   }
   // 1F1B (Narayanan et al. 2021): fill and drain pass every stage once each way; in steady state the slowest
-  // stage (or link) sets the pace for the remaining m - 1 micro-batches.
-  const double period = std::max(max_e, max_c);
-  const double pipe = sum_e + 2 * sum_c + (m - 1) * period;
-  // Stage i finishes its last backward before the drain reaches the stages in front of it; then its gradient
-  // all-reduce and optimizer step run.
-  double ahead = 0;
+  // stage (or link) sets the pace for the remaining m - 1 micro-batches. Stage i finishes its last backward before
+  // the drain reaches the stages in front of it; then its gradient all-reduce and optimizer step run. Other
+  // schedules have no closed form here: the replay's times.
   std::vector<double> finish;
-  for (int i = 0; i < p; ++i) {
-    const StagePlan& st = plan.stages[static_cast<size_t>(i)];
-    finish.push_back(pipe - ahead);
-    ahead += st.backward_s + st.send_s;
+  double pipe = 0;
+  if (layout.schedule == ScheduleKind::k1F1B) {
+    const double period = std::max(max_e, max_c);
+    pipe = sum_e + 2 * sum_c + (m - 1) * period;
+    double ahead = 0;
+    for (int i = 0; i < p; ++i) {
+      const StagePlan& st = plan.stages[static_cast<size_t>(i)];
+      finish.push_back(pipe - ahead);
+      ahead += st.backward_s + st.send_s;
+    }
+  } else {
+    const ReplayResult r = replay_plan(plan);
+    finish = r.finish;
+    pipe = r.makespan;
   }
   const double step = end_of_step(plan, finish).step_s;
   plan.step_s = step;
@@ -383,7 +399,9 @@ Layout layout_of(const Plan& plan, const Cluster& cluster) {
   Layout l;
   l.dp = plan.dp;
   l.micro_batch = plan.micro_batch;
-  for (const StagePlan& s : plan.stages) l.stages.push_back({cluster.chip_index(s.chip), s.tp});
+  l.schedule = plan.schedule;
+  l.chunks = plan.chunks;
+  for (const StagePlan& s : plan.stages) l.stages.push_back({cluster.chip_index(s.chip), s.tp, s.dp});
   return l;
 }
 

@@ -41,14 +41,20 @@ struct SearchStats {
 };
 
 // A resource layout: the pipeline's stages in order, each a chip type and a TP degree, replicated dp times.
+// A resource layout: the pipeline's stages in order, each a chip type, a TP degree and a DP degree (its replicas
+// share a micro-batch's dp x micro_batch sequences), and the schedule they run.
 struct Layout {
-  int dp = 1;
-  int micro_batch = 1;
+  int dp = 1;           // pipelines: a micro-batch is dp x micro_batch sequences over a stage's replicas
+  int micro_batch = 1;  // sequences per micro-batch and pipeline
   struct Slot {
     int chip = 0;
     int tp = 1;
+    int dp = 0;  // this stage's replicas; 0: the layout's dp
   };
   std::vector<Slot> stages;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int chunks = 1;
+  int stage_dp(size_t i) const { return stages[i].dp > 0 ? stages[i].dp : dp; }
 };
 
 // Why a layout or a split did not give a plan.
@@ -61,8 +67,9 @@ struct FitFailure {
 Plan plan_training(const CostModel& costs, const PlannerOptions& options, SearchStats* stats = nullptr);
 
 struct ScoreOptions {
-  std::vector<Recompute> recompute;  // per stage; empty: each stage's fastest allowed choice under which it fits
-  bool require_fit = true;           // false: a layout over its devices' memory still gets a plan, with fits false
+  // Per stage (or empty): the recomputation to use; where absent, the fastest allowed choice under which it fits.
+  std::vector<std::optional<Recompute>> recompute;
+  bool require_fit = true;  // false: a layout over its devices' memory still gets a plan, with fits false
 };
 // Scores a layout with the given layers per stage. Without a fit (and with require_fit), nullopt and the failure.
 std::optional<Plan> score_split(const CostModel& costs, const Layout& layout, const std::vector<int>& layers,

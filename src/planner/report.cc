@@ -11,7 +11,7 @@ std::string format_plan(const Plan& p) {
   std::string out =
       format("plan: model '%s' on cluster '%s': %d pipeline(s) x %zu stages, micro-batch %d x %d per pipeline\n",
              p.model.c_str(), p.cluster.c_str(), p.dp, p.stages.size(), p.micro_batch, p.num_micro_batches);
-  out += format("%5s %-6s %3s %4s %-12s %-9s %6s %9s %9s %8s %11s %8s\n", "stage", "chip", "tp", "dp", "layers",
+  out += format("%5s %-6s %3s %4s %-12s %-9s %6s %10s %10s %9s %11s %8s\n", "stage", "chip", "tp", "dp", "layers",
                 "recompute", "flight", "fwd ms", "bwd ms", "send ms", "mem/device", "headroom");
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const StagePlan& s = p.stages[i];
@@ -21,12 +21,13 @@ std::string format_plan(const Plan& p) {
                                       : s.head              ? "+H"
                                                             : "");
     out +=
-        format("%5zu %-6s %3d %4d %-12s %-9s %6d %9.2f %9.2f %8.2f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
+        format("%5zu %-6s %3d %4d %-12s %-9s %6d %10.3f %10.3f %9.3f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
                layers.c_str(), recompute_name(s.recompute), s.in_flight, s.forward_s * 1e3, s.backward_s * 1e3,
                s.send_s * 1e3, format_bytes(s.memory_bytes).c_str(), 100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
   }
-  out += format("predicted: step %.3f s | %.0f tokens/s | MFU %.1f%% | bubble %.1f%% | devices %d of %d\n", p.step_s,
-                p.tokens_per_s, 100 * p.mfu, 100 * p.bubble_fraction, p.devices_used, p.devices_total);
+  out += format("predicted: step %s | %.0f tokens/s | MFU %.1f%% | bubble %.1f%% | devices %d of %d%s\n",
+                format_seconds(p.step_s).c_str(), p.tokens_per_s, 100 * p.mfu, 100 * p.bubble_fraction, p.devices_used,
+                p.devices_total, p.fits ? "" : " | DOES NOT FIT");
   out += format("limited by: %s\nwhy: %s\n", p.limited_by.c_str(), p.why.c_str());
   return out;
 }

@@ -83,14 +83,14 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
 
 std::string format_simulation(const Plan& plan, const SimResult& r, const std::string& schedule) {
   std::string out =
-      format("simulated %s: step %.3f s (pipeline %.3f s), bubble %.1f%%; planner predicted %.3f s (%+.2f%%)\n",
-             schedule.c_str(), r.step_s, r.pipeline_s, 100 * r.bubble_fraction, plan.step_s,
-             100 * (plan.step_s / r.step_s - 1));
-  out += format("%5s %-6s %10s %8s %12s %12s\n", "stage", "chip", "busy s", "busy %", "peak memory", "capacity");
+      format("simulated %s: step %s (pipeline %s), bubble %.1f%%; planner predicted %s (%+.2f%%)\n", schedule.c_str(),
+             format_seconds(r.step_s).c_str(), format_seconds(r.pipeline_s).c_str(), 100 * r.bubble_fraction,
+             format_seconds(plan.step_s).c_str(), 100 * (plan.step_s / r.step_s - 1));
+  out += format("%5s %-6s %12s %8s %12s %12s\n", "stage", "chip", "busy", "busy %", "peak memory", "capacity");
   for (size_t i = 0; i < plan.stages.size(); ++i) {
-    out += format("%5zu %-6s %10.3f %7.1f%% %12s %12s%s\n", i, plan.stages[i].chip.c_str(), r.busy_s[i],
-                  100 * r.busy_s[i] / r.step_s, format_bytes(r.peak_memory_bytes[i]).c_str(),
-                  format_bytes(r.capacity_bytes[i]).c_str(),
+    out += format("%5zu %-6s %12s %7.1f%% %12s %12s%s\n", i, plan.stages[i].chip.c_str(),
+                  format_seconds(r.busy_s[i]).c_str(), 100 * r.busy_s[i] / r.step_s,
+                  format_bytes(r.peak_memory_bytes[i]).c_str(), format_bytes(r.capacity_bytes[i]).c_str(),
                   r.peak_memory_bytes[i] > r.capacity_bytes[i] ? "  OVER CAPACITY" : "");
   }
   return out;

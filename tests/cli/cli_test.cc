@@ -128,6 +128,35 @@ TEST(CliPlan, PlanSimulateAndBadInput) {
   EXPECT_THAT(run_h2("simulate /nonexistent/plan.json").output, HasSubstr("/nonexistent/plan.json: cannot open"));
 }
 
+// What does this layout cost: h2 plan --layout writes the layout's plan; h2 simulate re-costs a plan with other
+// figures; a plan that contradicts itself is refused naming the field.
+TEST(CliPlan, LayoutAndRecostingSimulation) {
+  const std::string ex = std::string(H2_SOURCE_DIR) + "/examples/";
+  const std::string files =
+      " --cluster " + ex + "cluster_local.yaml --model " + ex + "model_small.yaml --train " + ex + "train_local.yaml";
+  const std::string plan = testing_util::temp_path("cli_layout_plan.json");
+  const Result p = run_h2("plan --layout " + ex + "layout_local.yaml --out " + plan + files);
+  ASSERT_EQ(p.status, 0) << p.output;
+  EXPECT_THAT(p.output, HasSubstr("costed as given (--layout)"));
+  EXPECT_THAT(p.output, HasSubstr("0-1 (2)+E    selective"));
+  const Result same = run_h2("simulate " + plan);
+  const Result recosted = run_h2("simulate " + plan + files);
+  ASSERT_EQ(recosted.status, 0) << recosted.output;
+  EXPECT_THAT(recosted.output, HasSubstr("re-costed with"));
+  // The same figures give the same step (the first line after the re-costing note).
+  EXPECT_THAT(recosted.output, HasSubstr(same.output.substr(0, same.output.find('\n'))));
+  // A plan whose micro-batches contradict its batch.
+  nlohmann::json j = nlohmann::json::parse(read_file(plan));
+  j["num_micro_batches"] = 3;
+  const std::string bad = temp_file("cli_bad_plan.json", j.dump());
+  const Result b = run_h2("simulate " + bad);
+  EXPECT_EQ(b.status, 1);
+  EXPECT_THAT(b.output, HasSubstr("field 'num_micro_batches': 3 micro-batches of 1 sequences on 1 pipelines make 3"));
+  const Result chunks = run_h2("simulate " + plan + " --schedule interleaved --chunks 1000000");
+  EXPECT_EQ(chunks.status, 1);
+  EXPECT_THAT(chunks.output, HasSubstr("field 'chunks': 1000000 chunks per stage, but a stage has only 2 layers"));
+}
+
 TEST(CliLaunch, SetsTheRendezvousVariables) {
   const Result r = run_h2(
       "launch -n 3 -- sh -c 'echo rank=$H2_RANK/$H2_WORLD_SIZE port=${H2_MASTER_PORT:+set} "

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "planner/fixtures.h"
+#include "planner/layout.h"
 #include "planner/report.h"
 #include "test_util.h"
 
@@ -254,6 +255,61 @@ TEST(Report, BaselinesAndTheHeterogeneousSpeedup) {
   EXPECT_THAT(text, HasSubstr("uniform layer split, same devices"));
   EXPECT_THAT(text, HasSubstr("Y alone (4 devices)"));
   EXPECT_THAT(format_plan(plan), HasSubstr(cat(plan.stages.size(), " stages")));
+}
+
+// What does this layout cost? The search's own best layout, written out and costed as given, is the search's plan;
+// costed again with a chip twice as fast, its compute halves (a plan is re-costed, not replayed from its times).
+TEST(Layout, CostingTheSearchsLayoutGivesTheSearchsPlanAndFiguresChangeIt) {
+  const Cluster c = cluster_of(kSmallCluster);
+  const TrainSetup setup{.global_batch = 16, .micro_batches = {1, 2}};
+  const CostModel costs(c, small_model(6), setup);
+  const Plan plan = plan_training(costs, PlannerOptions{});
+  const Plan again = cost_layout(costs, layout_spec_of(plan, costs));
+  EXPECT_DOUBLE_EQ(again.step_s, plan.step_s);
+  ASSERT_EQ(again.stages.size(), plan.stages.size());
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    EXPECT_DOUBLE_EQ(again.stages[i].memory_bytes, plan.stages[i].memory_bytes) << i;
+    EXPECT_EQ(again.stages[i].recompute, plan.stages[i].recompute) << i;
+  }
+  Cluster faster = c;
+  for (ChipType& t : faster.chips) t.peak_tflops *= 2;
+  const Plan recosted = cost_layout(CostModel(faster, small_model(6), setup), layout_spec_of(plan, costs));
+  EXPECT_LT(recosted.step_s, 0.75 * plan.step_s);
+}
+
+TEST(Layout, FileErrorsNameTheFieldAndALayoutThatDoesNotFitSaysSo) {
+  const CostModel costs(cluster_of(kSmallCluster), small_model(6), TrainSetup{.global_batch = 16});
+  const auto load = [&](const std::string& yaml) {
+    return load_layout(ConfigNode::parse_string(yaml, "layout.yaml"), costs);
+  };
+  const std::string two = "stages:\n  - {chip: Y, tp: 2, layers: 3}\n  - {chip: Z, tp: 2, layers: 3}\n";
+  EXPECT_EQ(load(two).layers, (std::vector<int>{3, 3}));
+  EXPECT_THAT(error_of([&] { load("stages:\n  - {chip: Q, layers: 6}\n"); }, ErrorCode::kConfig),
+              HasSubstr("layout.yaml:2:12: field 'stages[0].chip': unknown chip type 'Q'"));
+  EXPECT_THAT(error_of([&] { load("stages:\n  - {chip: Y, tp: 3, layers: 6}\n"); }, ErrorCode::kConfig),
+              HasSubstr("field 'stages[0].tp': TP 3 does not divide the model's 16 heads"));
+  EXPECT_THAT(error_of([&] { load("stages:\n  - {chip: Y, tp: 4, layers: 6}\n"); }, ErrorCode::kConfig),
+              HasSubstr("TP 4 exceeds the 2 chips of a node of Y"));
+  EXPECT_THAT(error_of([&] { load("stages:\n  - {chip: Y, layers: 5}\n"); }, ErrorCode::kConfig),
+              HasSubstr("the stages hold 5 layers; the model has 6"));
+  EXPECT_THAT(error_of([&] { load("dp: 3\nstages:\n  - {chip: Y, layers: 6}\n"); }, ErrorCode::kConfig),
+              HasSubstr("3 pipelines x 1 sequences do not divide the global batch of 16"));
+  EXPECT_THAT(error_of([&] { load("dp: 8\nstages:\n  - {chip: Y, layers: 6}\n"); }, ErrorCode::kConfig),
+              HasSubstr("the stages use 8 devices of Y; the cluster has 4"));
+  EXPECT_THAT(error_of([&] { load("schedule: interleaved\nchunks: 4\n" + two); }, ErrorCode::kConfig),
+              HasSubstr("4 chunks, but a stage has 3 layers"));
+  EXPECT_THAT(error_of([&] { load("schedule: zigzag\n" + two); }, ErrorCode::kConfig),
+              HasSubstr("unknown schedule 'zigzag'"));
+  // All six layers on the 2 GiB chip X: costed anyway, and said not to fit.
+  const Plan over = cost_layout(costs, load("stages:\n  - {chip: X, tp: 2, layers: 6, recompute: none}\n"));
+  EXPECT_FALSE(over.fits);
+  EXPECT_THAT(over.limited_by, HasSubstr("DOES NOT FIT: stage 0 (X, TP 2) with 6 layers needs"));
+  EXPECT_GT(over.stages[0].memory_bytes, over.stages[0].capacity_bytes);
+  EXPECT_THAT(format_plan(over), HasSubstr("DOES NOT FIT"));
+  // Interleaved: the planner's step is the replay's.
+  const Plan inter = cost_layout(costs, load("schedule: interleaved\nchunks: 3\n" + two));
+  EXPECT_EQ(inter.schedule, ScheduleKind::kInterleaved);
+  EXPECT_DOUBLE_EQ(inter.step_s, end_of_step(inter, replay_plan(inter).finish).step_s);
 }
 
 TEST(Plan, JsonRoundTripAndVersion) {

@@ -1,0 +1,153 @@
+// What-if layouts (see layout.h).
+#include "planner/layout.h"
+
+#include "core/error.h"
+
+namespace h2 {
+namespace {
+
+// The checks a layout must pass against the cluster, model and setup, each naming its field through `fail`.
+void check_layout(const CostModel& c, const LayoutSpec& s,
+                  const std::function<void(size_t, const char*, const std::string&)>& fail) {
+  const TransformerShape& m = c.model();
+  const Layout& l = s.layout;
+  constexpr size_t kTop = static_cast<size_t>(-1);
+  if (l.dp < 1) fail(kTop, "dp", cat("must be >= 1, got ", l.dp));
+  if (l.micro_batch < 1) fail(kTop, "micro_batch", cat("must be >= 1, got ", l.micro_batch));
+  const int64_t rows = int64_t{l.dp} * l.micro_batch;
+  if (c.train().global_batch % rows != 0) {
+    fail(kTop, "micro_batch",
+         cat(l.dp, " pipelines x ", l.micro_batch, " sequences do not divide the global batch of ",
+             c.train().global_batch));
+  }
+  if (l.stages.empty()) fail(kTop, "stages", "lists no stage");
+  std::vector<int> used(c.cluster().chips.size(), 0);
+  int total = 0, fewest = static_cast<int>(m.layers);
+  for (size_t i = 0; i < l.stages.size(); ++i) {
+    const Layout::Slot& st = l.stages[i];
+    const NodeGroup& g = c.cluster().group_of(st.chip);
+    if (st.tp < 1 || m.heads % st.tp != 0 || m.kv_heads % st.tp != 0) {
+      fail(i, "tp", cat("TP ", st.tp, " does not divide the model's ", m.heads, " heads"));
+    }
+    if (st.tp > g.chips_per_node) {
+      fail(i, "tp",
+           cat("TP ", st.tp, " exceeds the ", g.chips_per_node, " chips of a node of ",
+               c.cluster().chips[static_cast<size_t>(st.chip)].name, " (tensor parallelism stays in a node)"));
+    }
+    const int dp = l.stage_dp(i);
+    if (dp < 1 || rows % dp != 0)
+      fail(i, "dp", cat(dp, " replicas do not divide a micro-batch of ", rows, " sequences"));
+    if (s.layers[i] < 0) fail(i, "layers", cat("must be >= 0, got ", s.layers[i]));
+    if (s.layers[i] == 0 && i > 0 && i + 1 < l.stages.size()) {
+      fail(i, "layers", "a stage between the first and the last needs at least one layer");
+    }
+    total += s.layers[i];
+    fewest = std::min(fewest, s.layers[i]);
+    used[static_cast<size_t>(st.chip)] += st.tp * dp;
+  }
+  if (total != m.layers) fail(kTop, "stages", cat("the stages hold ", total, " layers; the model has ", m.layers));
+  for (size_t k = 0; k < used.size(); ++k) {
+    if (used[k] > c.cluster().devices_of(static_cast<int>(k))) {
+      fail(kTop, "stages",
+           cat("the stages use ", used[k], " devices of ", c.cluster().chips[k].name, "; the cluster has ",
+               c.cluster().devices_of(static_cast<int>(k))));
+    }
+  }
+  if (l.chunks < 1) fail(kTop, "chunks", cat("must be >= 1, got ", l.chunks));
+  if (l.schedule == ScheduleKind::kInterleaved) {
+    if (l.chunks > fewest) fail(kTop, "chunks", cat(l.chunks, " chunks, but a stage has ", fewest, " layers"));
+    const int64_t micro_batches = c.train().global_batch / rows;
+    if (micro_batches % static_cast<int64_t>(l.stages.size()) != 0) {
+      fail(kTop, "schedule",
+           cat("interleaved 1F1B needs the ", micro_batches, " micro-batches to be a multiple of the ", l.stages.size(),
+               " stages"));
+    }
+  } else if (l.chunks != 1) {
+    fail(kTop, "chunks", cat("chunks need schedule: interleaved, not ", schedule_name(l.schedule)));
+  }
+}
+
+}  // namespace
+
+LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
+  root.allow_only({"dp", "micro_batch", "schedule", "chunks", "stages"});
+  LayoutSpec s;
+  const auto int_field = [](const ConfigNode& n, const char* key, int64_t fallback) {
+    const int64_t v = n.get<int64_t>(key, fallback);
+    if (v < 1 || v > (int64_t{1} << 30)) n.at(key).fail(cat("must be a positive integer, got ", v));
+    return static_cast<int>(v);
+  };
+  s.layout.dp = int_field(root, "dp", 1);
+  s.layout.micro_batch = int_field(root, "micro_batch", 1);
+  if (root.has("schedule")) {
+    try {
+      s.layout.schedule = parse_schedule_kind(root.get<std::string>("schedule"));
+    } catch (const Error& e) {
+      root.at("schedule").fail(e.what());
+    }
+  }
+  s.layout.chunks = int_field(root, "chunks", 1);
+  const std::vector<ConfigNode> stages = root.at("stages").items();
+  for (const ConfigNode& n : stages) {
+    n.allow_only({"chip", "tp", "dp", "layers", "recompute"});
+    const std::string chip = n.get<std::string>("chip");
+    const int index = c.cluster().chip_index(chip);
+    if (index < 0) n.at("chip").fail(cat("unknown chip type '", chip, "' in cluster ", c.cluster().name));
+    const int64_t layers = n.get<int64_t>("layers");
+    if (layers < 0 || layers > c.model().layers) n.at("layers").fail(cat("must be in [0, ", c.model().layers, "]"));
+    s.layout.stages.push_back({index, int_field(n, "tp", 1), n.has("dp") ? int_field(n, "dp", 1) : 0});
+    s.layers.push_back(static_cast<int>(layers));
+    std::optional<Recompute> r;
+    if (n.has("recompute")) {
+      r = parse_recompute(n.get<std::string>("recompute"));
+      if (!r) n.at("recompute").fail("must be none, selective or full");
+    }
+    s.recompute.push_back(r);
+  }
+  check_layout(c, s, [&](size_t stage, const char* field, const std::string& what) {
+    const ConfigNode& where = stage == static_cast<size_t>(-1) ? root : stages[stage];
+    if (where.has(field)) where.at(field).fail(what);
+    where.fail(cat(field, ": ", what));
+  });
+  return s;
+}
+
+LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
+  const TransformerShape& m = c.model();
+  if (plan.shape.layers != m.layers || plan.shape.hidden != m.hidden || plan.shape.heads != m.heads ||
+      plan.shape.vocab != m.vocab || plan.shape.seq_len != m.seq_len || plan.shape.ffn != m.ffn) {
+    throw Error(ErrorCode::kConfig, cat("the plan is of another model (", plan.shape.layers, " layers x ",
+                                        plan.shape.hidden, ") than the model file (", m.layers, " x ", m.hidden, ")"));
+  }
+  if (plan.global_batch != c.train().global_batch) {
+    throw Error(ErrorCode::kConfig,
+                cat("the plan's global batch is ", plan.global_batch, ", the setup's ", c.train().global_batch));
+  }
+  LayoutSpec s;
+  s.layout = layout_of(plan, c.cluster());
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    if (s.layout.stages[i].chip < 0) {
+      throw Error(ErrorCode::kConfig, cat("stages[", i, "].chip: chip type '", plan.stages[i].chip,
+                                          "' is not in cluster ", c.cluster().name));
+    }
+    s.layers.push_back(plan.stages[i].layers);
+    s.recompute.push_back(plan.stages[i].recompute);
+  }
+  check_layout(c, s, [&](size_t stage, const char* field, const std::string& what) {
+    throw Error(ErrorCode::kConfig,
+                cat(stage == static_cast<size_t>(-1) ? std::string() : cat("stages[", stage, "]."), field, ": ", what));
+  });
+  return s;
+}
+
+Plan cost_layout(const CostModel& c, const LayoutSpec& s) {
+  FitFailure failure;
+  std::optional<Plan> plan =
+      score_split(c, s.layout, s.layers, &failure, ScoreOptions{.recompute = s.recompute, .require_fit = false});
+  H2_CHECK(plan.has_value()) << "a plan is scored whether or not it fits";
+  plan->why = "costed as given (--layout)";
+  if (!plan->fits) plan->limited_by = cat("DOES NOT FIT: ", failure.what, "; ", plan->limited_by);
+  return *plan;
+}
+
+}  // namespace h2

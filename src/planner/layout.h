@@ -1,0 +1,43 @@
+// What-if costing (`h2 plan --layout FILE`, `h2 simulate --cluster/--model/--train`): a layout written by hand —
+// stages with their chip type, TP, DP, layers and recomputation; micro-batch size; schedule — costed exactly as
+// given, into the same plan.json the search writes, whether or not it fits (the plan says so).
+//
+// File format (YAML; errors name the file, line and field):
+//   dp: 8                # pipelines: a micro-batch is dp x micro_batch sequences over a stage's replicas
+//   micro_batch: 1       # sequences per micro-batch and pipeline
+//   schedule: 1f1b       # gpipe | 1f1b | interleaved (default 1f1b)
+//   chunks: 2            # virtual stages per stage, interleaved only (default 1)
+//   stages:              # in pipeline order: the first holds the embedding, the last the head
+//     - {chip: A100, tp: 8, layers: 12, recompute: full}   # dp: the stage's replicas (default: the top dp)
+//     - {chip: H100, tp: 8, layers: 20}                   # recompute: absent = the fastest allowed that fits
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "planner/planner.h"
+
+namespace h2 {
+
+struct LayoutSpec {
+  Layout layout;
+  std::vector<int> layers;                          // per stage
+  std::vector<std::optional<Recompute>> recompute;  // per stage
+};
+
+// Reads and checks a layout against the cluster (chip types, devices enough for every stage, TP within a node),
+// the model (TP dividing the heads, layers adding up) and the setup (the global batch a whole number of
+// micro-batches, replicas dividing a micro-batch).
+LayoutSpec load_layout(const ConfigNode& root, const CostModel& costs);
+
+// The layout a plan runs (to cost it again with other figures); Error(kConfig) when the plan's model is not the
+// cost model's or its chip types are not in the cluster.
+LayoutSpec layout_spec_of(const Plan& plan, const CostModel& costs);
+
+// The plan of exactly this layout: times, memory, prediction; fits false (and why in limited_by) when a device's
+// memory is exceeded.
+Plan cost_layout(const CostModel& costs, const LayoutSpec& spec);
+
+}  // namespace h2
