@@ -47,6 +47,64 @@ double layer_forward_flops(const TransformerShape& s, int64_t T) {
   return projections + attention;
 }
 
+std::vector<OpWork> block_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,
+                              bool backward) {
+  const double N = static_cast<double>(B) * static_cast<double>(T), t = tp, C = static_cast<double>(s.hidden);
+  const double Q = C + 2.0 * static_cast<double>(s.kv_dim()), F = static_cast<double>(s.ffn);
+  const double att = static_cast<double>(B) * static_cast<double>(s.heads) / t * static_cast<double>(T) * T;
+  const double core = 2.0 * static_cast<double>(B) * static_cast<double>(T) * T * C / t;  // Q K^T and P V, causal
+  // A GEMM of N rows from k to n columns: 2 N k n FLOPs; it reads its input and weight and writes its output.
+  const auto gemm = [&](const char* name, double k, double n, double passes) {
+    return OpWork{name, OpClass::kMatmul, passes * 2.0 * N * k * n, passes * ((N * k + N * n) * e + k * n * w)};
+  };
+  const double stats = 8 * N;  // a LayerNorm's mean and rstd, f32
+  if (!backward) {
+    return {{"ln_1", OpClass::kMemory, 0, 2 * N * C * e + stats},
+            gemm("c_attn", C, Q / t, 1),
+            {"attention", OpClass::kAttention, core, (N * Q / t + N * C / t) * e + 2 * att * e},
+            gemm("attn.c_proj", C / t, C, 1),
+            {"residual", OpClass::kMemory, 0, 3 * N * C * e},
+            {"ln_2", OpClass::kMemory, 0, 2 * N * C * e + stats},
+            gemm("c_fc", C, F / t, 1),
+            {"gelu", OpClass::kMemory, 0, 2 * N * F / t * e},
+            gemm("mlp.c_proj", F / t, C, 1),
+            {"residual", OpClass::kMemory, 0, 3 * N * C * e}};
+  }
+  // Each GEMM's backward is two (the input's gradient and the weight's), read and written like the forward's.
+  return {gemm("mlp.c_proj backward", F / t, C, 2),
+          {"gelu backward", OpClass::kMemory, 0, 3 * N * F / t * e},
+          gemm("c_fc backward", C, F / t, 2),
+          {"ln_2 backward", OpClass::kMemory, 0, 3 * N * C * e + stats},
+          {"residual", OpClass::kMemory, 0, 3 * N * C * e},
+          gemm("attn.c_proj backward", C / t, C, 2),
+          {"attention backward", OpClass::kAttention, 2 * core, (2 * N * Q / t + N * C / t) * e + 2 * att * e},
+          gemm("c_attn backward", C, Q / t, 2),
+          {"ln_1 backward", OpClass::kMemory, 0, 3 * N * C * e + stats},
+          {"residual", OpClass::kMemory, 0, 3 * N * C * e}};
+}
+
+std::vector<OpWork> embedding_ops(const TransformerShape& s, int64_t B, int64_t T, int, double e, double w,
+                                  bool backward) {
+  const double N = static_cast<double>(B) * static_cast<double>(T), C = static_cast<double>(s.hidden);
+  // A gather of the token and position rows (a scatter-add of their gradients).
+  return {{backward ? "embedding backward" : "embedding", OpClass::kMemory, 0, N * C * (2 * w + e)}};
+}
+
+std::vector<OpWork> head_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,
+                             bool backward) {
+  const double N = static_cast<double>(B) * static_cast<double>(T), C = static_cast<double>(s.hidden);
+  const double V = static_cast<double>(s.vocab) / tp;  // this rank's vocabulary columns
+  const double logits = N * V * 4;                     // f32
+  const double passes = backward ? 2 : 1;
+  const OpWork gemm{backward ? "logits backward" : "logits", OpClass::kMatmul, passes * 2 * N * C * V,
+                    passes * (N * C * e + C * V * w + logits)};
+  if (!backward) {
+    // The loss reads the logits for their maximum, again for the sum of exponentials and writes their gradient.
+    return {{"ln_f", OpClass::kMemory, 0, 2 * N * C * e + 8 * N}, gemm, {"loss", OpClass::kMemory, 0, 3 * logits}};
+  }
+  return {gemm, {"ln_f backward", OpClass::kMemory, 0, 3 * N * C * e + 8 * N}};
+}
+
 double head_forward_flops(const TransformerShape& s, int64_t T) {
   return 2.0 * static_cast<double>(T) * static_cast<double>(s.hidden) * static_cast<double>(s.vocab);
 }

@@ -49,6 +49,28 @@ int64_t total_params(const TransformerShape& s);
 double layer_forward_flops(const TransformerShape& s, int64_t T);
 double head_forward_flops(const TransformerShape& s, int64_t T);  // logits: 2 T C V
 
+// --- the work of each kernel, as the GPT runs them (gpt.cc), per micro-batch of B sequences of length T on one
+// of tp tensor-parallel ranks: what the cost model turns into time on a chip (a roofline per kernel) ---
+enum class OpClass {
+  kMatmul,     // a GEMM (and its bias): compute-bound when large
+  kAttention,  // the attention core (Q K^T, softmax, P V): its own achievable rate
+  kMemory,     // element-wise and row-wise ops: bound by memory bandwidth
+};
+struct OpWork {
+  const char* name;
+  OpClass kind;
+  double flops;  // floating-point operations
+  double bytes;  // bytes read and written
+};
+// `e` bytes per activation element and `w` per weight; the loss and its statistics are f32. The TP all-reduces
+// are communication, not listed here.
+std::vector<OpWork> block_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,
+                              bool backward);
+std::vector<OpWork> embedding_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,
+                                  bool backward);
+std::vector<OpWork> head_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,
+                             bool backward);
+
 // --- memory of one device of a pipeline stage, every buffer the runtime allocates, term by term ---
 
 // Bytes per element of each kind of tensor. f32() is H2's runtime today; mixed_bf16() bf16 compute with fp32

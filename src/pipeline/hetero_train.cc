@@ -82,16 +82,16 @@ EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int h
   if (index < 0)
     throw Error(ErrorCode::kNotFound, cat("the plan's chip type '", chip, "' is not in cluster ", cluster.name));
   double fastest = 0;
-  for (const ChipType& c : cluster.chips) fastest = std::max(fastest, c.flops_per_second());
+  for (const ChipType& c : cluster.chips) fastest = std::max(fastest, c.matmul_flops(false));
   double busy_cores = 0;  // every device busy at its relative speed
   for (const NodeGroup& g : cluster.groups) {
-    busy_cores += g.devices() * cluster.chips[static_cast<size_t>(g.chip)].flops_per_second() / fastest;
+    busy_cores += g.devices() * cluster.chips[static_cast<size_t>(g.chip)].matmul_flops(false) / fastest;
   }
   if (host_cores <= 0) host_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const double scale = busy_cores > 0 ? std::min(1.0, 0.9 * host_cores / busy_cores) : 1.0;
   const ChipType& c = cluster.chips[static_cast<size_t>(index)];
   return EmuProfile{.chip = c.name,
-                    .speed = scale * c.flops_per_second() / fastest,
+                    .speed = scale * c.matmul_flops(false) / fastest,
                     .mem_capacity_bytes = static_cast<size_t>(c.memory_bytes()),
                     .mem_bandwidth_gbps = 0};
 }

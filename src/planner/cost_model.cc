@@ -1,16 +1,62 @@
 // The cost model's formulas (sources in cost_model.h).
 #include "planner/cost_model.h"
 
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
 namespace h2 {
+
+struct CostModel::Cache {
+  std::mutex mu;
+  std::map<std::tuple<int, int, int>, PieceTimes> times;
+};
 
 CostModel::CostModel(const Cluster& cluster, const TransformerShape& model, const TrainSetup& train)
     : cluster_(cluster),
       model_(model),
       train_(train),
-      k_(train.precision == Precision::kF32 ? CostConstants::f32() : CostConstants{}) {}
+      k_(train.precision == Precision::kF32 ? CostConstants::f32() : CostConstants{}),
+      cache_(std::make_shared<Cache>()) {}
 
-double CostModel::compute_s(int chip, double flops) const {
-  return flops / cluster_.chips[static_cast<size_t>(chip)].flops_per_second();
+const CostModel::PieceTimes& CostModel::piece_times(int chip, int tp, int b) const {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  auto [it, fresh] = cache_->times.try_emplace({chip, tp, b});
+  if (fresh) {
+    PieceTimes& t = it->second;
+    t.layer_forward_s = layer_forward_s(chip, tp, b);
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      t.layer_backward_s[static_cast<int>(r)] = layer_backward_s(chip, tp, b, r);
+    }
+    t.embedding_forward_s = embedding_forward_s(chip, tp, b);
+    t.embedding_backward_s = embedding_backward_s(chip, tp, b);
+    t.head_forward_s = head_forward_s(chip, tp, b);
+    t.head_backward_s = head_backward_s(chip, tp, b);
+  }
+  return it->second;  // std::map: references stay valid as it grows
+}
+
+// A roofline per kernel (Williams et al. 2009) plus its fixed cost: the larger of its compute time at the chip's
+// achievable rate for its class and its memory traffic at the achievable bandwidth, plus the launch overhead.
+double CostModel::op_s(int chip, const OpWork& op) const {
+  const ChipType& c = cluster_.chips[static_cast<size_t>(chip)];
+  const bool bf16 = train_.precision == Precision::kBf16;
+  const double rate = op.kind == OpClass::kMatmul      ? c.matmul_flops(bf16)
+                      : op.kind == OpClass::kAttention ? c.attention_flops(bf16)
+                                                       : 0;
+  const double compute = rate > 0 ? op.flops / rate : 0;
+  return std::max(compute, op.bytes / c.bytes_per_second()) + c.kernel_overhead_us * 1e-6;
+}
+
+double CostModel::flops_rate(int chip) const {
+  return cluster_.chips[static_cast<size_t>(chip)].matmul_flops(train_.precision == Precision::kBf16);
+}
+
+double CostModel::ops_s(int chip, const std::vector<OpWork>& ops) const {
+  double s = 0;
+  for (const OpWork& op : ops) s += op_s(chip, op);
+  return s;
 }
 
 double CostModel::ring_allreduce_s(double bytes, int ranks, double bandwidth_gbps, double latency_us) const {
@@ -28,19 +74,20 @@ double CostModel::tp_allreduce_s(int chip, int tp, int b) const {
 }
 
 double CostModel::layer_forward_s(int chip, int tp, int b) const {
-  return compute_s(chip, b * layer_forward_flops(model_, model_.seq_len) / tp) + 2 * tp_allreduce_s(chip, tp, b);
+  const double e = k_.bytes.activation, w = k_.bytes.weight;
+  return ops_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false)) + 2 * tp_allreduce_s(chip, tp, b);
 }
 
 double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
-  // The backward pass does twice the forward's matmul work.
-  double s =
-      compute_s(chip, 2.0 * b * layer_forward_flops(model_, model_.seq_len) / tp) + 2 * tp_allreduce_s(chip, tp, b);
+  const double e = k_.bytes.activation, w = k_.bytes.weight;
+  double s = ops_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, true)) + 2 * tp_allreduce_s(chip, tp, b);
   if (r == Recompute::kFull) {
-    s += layer_forward_s(chip, tp, b);  // the whole forward again
+    s += layer_forward_s(chip, tp, b);  // the whole forward again, its TP all-reduces too
   } else if (r == Recompute::kSelective) {
-    // Only the attention core (Q K^T, softmax, P V) again: 2 * 2 * T^2 * hidden / 2 FLOPs per sequence (causal).
-    const double T = static_cast<double>(model_.seq_len);
-    s += compute_s(chip, b * 2.0 * T * T * model_.hidden / tp);
+    // Only the attention core again (Korthikanti et al. 2022): the forward's attention kernel.
+    for (const OpWork& op : block_ops(model_, b, model_.seq_len, tp, e, w, false)) {
+      if (op.kind == OpClass::kAttention) s += op_s(chip, op);
+    }
   }
   return s;
 }
@@ -48,23 +95,26 @@ double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
 // The vocabulary-parallel embedding (model/gpt.h): each TP rank gathers its rows (memory-bound: the (b, T, hidden)
 // output written once), then the group sums the outputs. Its backward scatters the gradient into the rows.
 double CostModel::embedding_forward_s(int chip, int tp, int b) const {
-  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.bytes.activation;
-  return bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9) + tp_allreduce_s(chip, tp, b);
+  return ops_s(chip, embedding_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false)) +
+         tp_allreduce_s(chip, tp, b);
 }
 
-double CostModel::embedding_backward_s(int chip, int, int b) const {
-  const double bytes = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.bytes.activation;
-  return bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9);
+double CostModel::embedding_backward_s(int chip, int tp, int b) const {
+  return ops_s(chip, embedding_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true));
 }
 
-// The head's logits over this rank's vocabulary columns; the loss's per-row statistics are all-reduced (small).
+// The head's logits over this rank's vocabulary columns; under TP the loss's per-row statistics (three f32 per
+// sequence position) are all-reduced over the group.
 double CostModel::head_forward_s(int chip, int tp, int b) const {
-  return compute_s(chip, b * head_forward_flops(model_, model_.seq_len) / tp);
+  const NodeGroup& g = cluster_.group_of(chip);
+  const double stats = 3 * ring_allreduce_s(4.0 * b * model_.seq_len, tp, g.intra_node_gbps, g.intra_node_latency_us);
+  return ops_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false)) + stats;
 }
 
 // Twice the forward's matmul work, then the head's input gradient summed over the TP group.
 double CostModel::head_backward_s(int chip, int tp, int b) const {
-  return 2.0 * head_forward_s(chip, tp, b) + tp_allreduce_s(chip, tp, b);
+  return ops_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true)) +
+         tp_allreduce_s(chip, tp, b);
 }
 
 // Every TP rank of the receiving stage gets the whole activation from one sending rank (pipeline/runtime.h),
@@ -95,9 +145,12 @@ double CostModel::tied_allreduce_s(int a, int b, double params) const {
   return ring_allreduce_s(params * k_.bytes.grad, 2, link.bandwidth_gbps, link.latency_us);
 }
 
-double CostModel::optimizer_s(int chip, int dp, double params_per_device) const {
+double CostModel::optimizer_s(int chip, int dp, double params_per_device, int tensors) const {
+  const ChipType& c = cluster_.chips[static_cast<size_t>(chip)];
   const double sharded = train_.zero1 ? params_per_device / dp : params_per_device;
-  return sharded * k_.optimizer_traffic_bytes / (cluster_.chips[static_cast<size_t>(chip)].memory_bandwidth_gbps * 1e9);
+  // train/optimizer.h: per tensor a squared norm and an AdamW kernel, and one clipping kernel.
+  return sharded * k_.optimizer_traffic_bytes / c.bytes_per_second() +
+         (2.0 * tensors + 1) * c.kernel_overhead_us * 1e-6;
 }
 
 StageMemory CostModel::stage_memory(StageMemorySpec spec) const {

@@ -10,6 +10,8 @@
 // (Patarasuk & Yuan 2009), the same algorithm bandwidth nccl-tests reports.
 #pragma once
 
+#include <memory>
+
 #include "model/costs.h"
 #include "planner/spec.h"
 
@@ -39,6 +41,13 @@ class CostModel {
   const CostConstants& constants() const { return k_; }
 
   // --- time, seconds, per micro-batch of b sequences on one device of a TP group of size tp ---
+  // All the per-layer and per-piece times of one (chip, TP, b), computed once per cost model and kept (the search
+  // asks for the same few combinations across thousands of layouts).
+  struct PieceTimes {
+    double layer_forward_s = 0, layer_backward_s[3] = {0, 0, 0};  // backward by Recompute
+    double embedding_forward_s = 0, embedding_backward_s = 0, head_forward_s = 0, head_backward_s = 0;
+  };
+  const PieceTimes& piece_times(int chip, int tp, int b) const;
   double layer_forward_s(int chip, int tp, int b) const;                // compute + TP all-reduces
   double layer_backward_s(int chip, int tp, int b, Recompute r) const;  // + recomputation
   // The vocabulary-parallel embedding and head: each TP rank its 1/tp of the vocabulary, then the group's sum.
@@ -53,26 +62,31 @@ class CostModel {
   // The tied token embedding's gradient summed between the first stage (chip a) and the last (chip b), which
   // keep identical copies (Megatron-LM's embedding group): a 2-rank all-reduce over the link between them.
   double tied_allreduce_s(int a, int b, double params) const;
-  double optimizer_s(int chip, int dp, double params_per_device) const;
+  // The optimizer step over a device's parameters in `tensors` tensors (a kernel or two each).
+  double optimizer_s(int chip, int dp, double params_per_device, int tensors) const;
+  double flops_rate(int chip) const;  // the chip's achievable matmul rate in this setup's precision
 
   // --- memory, bytes per device: model/costs.h's stage_memory in this setup's element sizes ---
   StageMemory stage_memory(StageMemorySpec spec) const;
   double usable_bytes(int chip) const;  // capacity less the workspace
 
   // --- helpers ---
+  double op_s(int chip, const OpWork& op) const;  // one kernel on one device of the chip type: roofline + overhead
+  double ops_s(int chip, const std::vector<OpWork>& ops) const;
   double ring_allreduce_s(double bytes, int ranks, double bandwidth_gbps, double latency_us) const;
   double params_per_layer() const { return static_cast<double>(layer_params(model_)); }
   // Model FLOPs of one optimizer step (forward + backward, no recomputation): the MFU numerator.
   double step_model_flops() const;
 
  private:
-  double compute_s(int chip, double flops) const;
   double tp_allreduce_s(int chip, int tp, int b) const;  // one all-reduce of a (b, T, hidden) activation
 
   Cluster cluster_;
   TransformerShape model_;
   TrainSetup train_;
   CostConstants k_;
+  struct Cache;
+  std::shared_ptr<Cache> cache_;  // piece_times, shared by copies; thread-safe
 };
 
 }  // namespace h2

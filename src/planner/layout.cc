@@ -145,6 +145,7 @@ Plan cost_layout(const CostModel& c, const LayoutSpec& s) {
   std::optional<Plan> plan =
       score_split(c, s.layout, s.layers, &failure, ScoreOptions{.recompute = s.recompute, .require_fit = false});
   H2_CHECK(plan.has_value()) << "a plan is scored whether or not it fits";
+  score_by_replay(c, *plan);
   plan->why = "costed as given (--layout)";
   if (!plan->fits) plan->limited_by = cat("DOES NOT FIT: ", failure.what, "; ", plan->limited_by);
   return *plan;

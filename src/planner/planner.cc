@@ -27,6 +27,7 @@ struct StageTerms {
   bool embedding, head;
   double extra_fwd_s, extra_bwd_s;  // embedding / head work per micro-batch
   double usable_bytes;
+  const CostModel::PieceTimes* times;  // the cost model's, for this chip type, TP and rows
   double fwd_layer_s;
   double bwd_layer_s[3];      // by Recompute
   double fixed_bytes[3];      // by Recompute
@@ -46,7 +47,9 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   const int p = static_cast<int>(layout.stages.size());
   const int m = static_cast<int>(c.train().global_batch / (layout.dp * layout.micro_batch));
   const int rows = layout.dp * layout.micro_batch;  // a micro-batch's sequences over a stage's replicas
-  const Schedule schedule = make_schedule(layout.schedule, p, layout.chunks, m);
+  // 1F1B's micro-batches in flight have a closed form (max_in_flight's, tested equal); other schedules are generated.
+  const bool one_f_one_b = layout.schedule == ScheduleKind::k1F1B;
+  const Schedule schedule = one_f_one_b ? Schedule{} : make_schedule(layout.schedule, p, layout.chunks, m);
   // Stages of one chip type, TP degree and rows per replica share their time per layer: cost each once.
   std::vector<StageTerms> bases;
   auto base = [&](int chip, int tp, int b) -> const StageTerms& {
@@ -58,10 +61,9 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
     t.tp = tp;
     t.rows = b;
     t.usable_bytes = c.usable_bytes(chip);
-    t.fwd_layer_s = c.layer_forward_s(chip, tp, b);
-    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-      t.bwd_layer_s[static_cast<int>(r)] = c.layer_backward_s(chip, tp, b, r);
-    }
+    t.times = &c.piece_times(chip, tp, b);
+    t.fwd_layer_s = t.times->layer_forward_s;
+    for (int r = 0; r < 3; ++r) t.bwd_layer_s[r] = t.times->layer_backward_s[r];
     bases.push_back(t);
     return bases.back();
   };
@@ -73,16 +75,16 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
     StageTerms t = base(chip, tp, b);
     t.dp = dp;
     // The micro-batches (a chunk's share each when interleaved) its schedule keeps in flight: 1F1B min(p - i, m).
-    t.in_flight = max_in_flight(schedule, i);
+    t.in_flight = one_f_one_b ? std::min(p - i, m) : max_in_flight(schedule, i);
     t.embedding = i == 0;
     t.head = i == p - 1;
     if (t.embedding) {
-      t.extra_fwd_s += c.embedding_forward_s(chip, tp, b);
-      t.extra_bwd_s += c.embedding_backward_s(chip, tp, b);
+      t.extra_fwd_s += t.times->embedding_forward_s;
+      t.extra_bwd_s += t.times->embedding_backward_s;
     }
     if (t.head) {
-      t.extra_fwd_s += c.head_forward_s(chip, tp, b);
-      t.extra_bwd_s += c.head_backward_s(chip, tp, b);
+      t.extra_fwd_s += t.times->head_forward_s;
+      t.extra_bwd_s += t.times->head_backward_s;
     }
     t.spec = StageMemorySpec{.shape = c.model(),
                              .embedding = t.embedding,
@@ -225,7 +227,9 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
       st.tied_allreduce_s =
           c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden) / t.tp);
     }
-    st.optimizer_s = c.optimizer_s(t.chip, t.dp, params);
+    // The model's tensors on this stage (gpt.cc): 12 per block, wte and wpe, ln_f's two and its own wte.
+    const int tensors = 12 * n + (t.embedding ? 2 : 0) + (t.head ? (t.embedding ? 2 : 3) : 0);
+    st.optimizer_s = c.optimizer_s(t.chip, t.dp, params, tensors);
     st.state_bytes = memory.state();
     st.activation_bytes = memory.per_micro_batch();
     st.buffer_bytes = memory.buffers();
@@ -247,7 +251,15 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   std::vector<double> finish;
   double pipe = 0;
   if (layout.schedule == ScheduleKind::k1F1B) {
-    const double period = std::max(max_e, max_c);
+    // The steady state's period: the slowest stage or link, or a round trip — stage i keeps p - i micro-batches
+    // in flight, each of which must go to the last stage and back (its compute and links) before the next
+    // enters, so it starts one at most every round trip / (p - i).
+    double period = std::max(max_e, max_c), round_trip = 0;
+    for (int i = p - 1; i >= 0; --i) {
+      const StagePlan& st = plan.stages[static_cast<size_t>(i)];
+      round_trip += st.forward_s + st.backward_s + 2 * st.send_s;
+      period = std::max(period, round_trip / std::min(p - i, m));
+    }
     pipe = sum_e + 2 * sum_c + (m - 1) * period;
     double ahead = 0;
     for (int i = 0; i < p; ++i) {
@@ -260,33 +272,45 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     finish = r.finish;
     pipe = r.makespan;
   }
+  plan.devices_used = 0;
+  for (const StagePlan& st : plan.stages) plan.devices_used += st.devices();
+  for (const NodeGroup& g : c.cluster().groups) plan.devices_total += g.devices();
+  set_step(c, plan, finish, pipe, layout.schedule == ScheduleKind::k1F1B && max_c > max_e);
+  return plan;
+}
+
+void set_step(const CostModel& c, Plan& plan, const std::vector<double>& finish, double pipe, bool link_bound) {
+  const int p = static_cast<int>(plan.stages.size()), m = plan.num_micro_batches;
   const double step = end_of_step(plan, finish).step_s;
   plan.step_s = step;
-  plan.tokens_per_s = static_cast<double>(c.train().global_batch) * s.seq_len / step;
-  double peak = 0;
+  plan.tokens_per_s = static_cast<double>(plan.global_batch) * plan.shape.seq_len / step;
+  double peak = 0, sum_e = 0;
   for (const StagePlan& st : plan.stages) {
-    plan.devices_used += st.devices();
     const ChipType& chip = c.cluster().chips[static_cast<size_t>(st.chip_index)];
-    peak += st.devices() * chip.peak_tflops * 1e12;
+    peak += st.devices() * chip.peak_flops(c.train().precision == Precision::kBf16);
+    sum_e += st.forward_s + st.backward_s;
   }
-  for (const NodeGroup& g : c.cluster().groups) plan.devices_total += g.devices();
   plan.mfu = c.step_model_flops() / (step * peak);
   plan.bubble_fraction = 1.0 - m * sum_e / p / pipe;
   // What bounds it.
-  int slowest = 0;
+  int slowest = 0, sender = 0;
   for (int i = 1; i < p; ++i) {
     const auto& a = plan.stages[static_cast<size_t>(i)];
     const auto& z = plan.stages[static_cast<size_t>(slowest)];
     if (a.forward_s + a.backward_s > z.forward_s + z.backward_s) slowest = i;
+    if (a.send_s > plan.stages[static_cast<size_t>(sender)].send_s) sender = i;
   }
   const StagePlan& sl = plan.stages[static_cast<size_t>(slowest)];
-  if (max_c > max_e) {
-    plan.limited_by = cat("the link after the slowest-sending stage: ", max_c * 1e3,
-                          " ms per micro-batch exceeds every stage's compute");
+  const std::string not_fit =
+      plan.limited_by.starts_with("DOES NOT FIT") ? plan.limited_by.substr(0, plan.limited_by.find("; ")) + "; " : "";
+  if (link_bound) {
+    plan.limited_by =
+        cat(not_fit, "the link after stage ", sender, ": ", plan.stages[static_cast<size_t>(sender)].send_s * 1e3,
+            " ms per micro-batch exceeds every stage's compute");
   } else {
-    plan.limited_by = cat("compute of stage ", slowest, " (", sl.chip, ", TP ", sl.tp, ", ", sl.layers, " layers, ",
-                          recompute_name(sl.recompute), " recomputation): ", (sl.forward_s + sl.backward_s) * 1e3,
-                          " ms per micro-batch");
+    plan.limited_by = cat(not_fit, "compute of stage ", slowest, " (", sl.chip, ", TP ", sl.tp, ", ", sl.layers,
+                          " layers, ", recompute_name(sl.recompute),
+                          " recomputation): ", (sl.forward_s + sl.backward_s) * 1e3, " ms per micro-batch");
   }
   double tightest = 1.0;
   int tight = 0;
@@ -298,7 +322,11 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   plan.limited_by += cat("; least memory headroom: stage ", tight, " at ", std::lround(tightest * 100), "%");
   if (plan.bubble_fraction > 0.2)
     plan.limited_by += cat("; pipeline bubble ", std::lround(plan.bubble_fraction * 100), "%");
-  return plan;
+}
+
+void score_by_replay(const CostModel& c, Plan& plan) {
+  const ReplayResult r = replay_plan(plan);
+  set_step(c, plan, r.finish, r.makespan, false);
 }
 
 namespace {
@@ -392,7 +420,9 @@ std::optional<Plan> plan_uniform(const CostModel& c, const Layout& layout, FitFa
   const int64_t L = c.model().layers;
   std::vector<int> layers(static_cast<size_t>(p));
   for (int i = 0; i < p; ++i) layers[static_cast<size_t>(i)] = static_cast<int>(L / p + (i < L % p ? 1 : 0));
-  return score_split(c, layout, layers, failure);
+  std::optional<Plan> plan = score_split(c, layout, layers, failure);
+  if (plan) score_by_replay(c, *plan);
+  return plan;
 }
 
 Layout layout_of(const Plan& plan, const Cluster& cluster) {
@@ -453,6 +483,8 @@ struct Search {
   double deadline;
   std::mutex mu;
   std::optional<Plan> best;
+  static constexpr size_t kCandidates = 32;
+  std::vector<Plan> finalists;  // the fastest by the closed form, fastest first
   double best_step = kInf;
   FitFailure closest;  // the failure with the smallest memory shortfall, for the error when nothing fits
   std::atomic<int64_t> layouts{0}, pruned_memory{0}, pruned_bound{0}, evaluated{0};
@@ -461,8 +493,7 @@ struct Search {
   // Work of one step divided by the used devices' full rate: no layout with these devices can be faster.
   double lower_bound(const Layout& l) const {
     double rate = 0;
-    for (const auto& s : l.stages)
-      rate += s.tp * l.dp * c.cluster().chips[static_cast<size_t>(s.chip)].flops_per_second();
+    for (const auto& s : l.stages) rate += s.tp * l.dp * c.flops_rate(s.chip);
     return c.step_model_flops() / rate;
   }
 
@@ -471,7 +502,7 @@ struct Search {
     double rate = 0;
     for (size_t i = 0; i < options.size(); ++i) {
       const TypeOption& o = options[i][pick[i]];
-      rate += o.tp * o.stages * c.cluster().chips[static_cast<size_t>(chips[i])].flops_per_second();
+      rate += o.tp * o.stages * c.flops_rate(chips[i]);
     }
     std::lock_guard<std::mutex> lock(mu);
     if (rate <= 0 || c.step_model_flops() / (rate * dp) < best_step) return false;
@@ -528,10 +559,25 @@ struct Search {
     std::optional<Plan> p = score_split(c, l, split->layers, &f);
     std::lock_guard<std::mutex> lock(mu);
     if (!p) return;
+    // The closed form ranks; the best kCandidates are replayed at the end (finalists).
+    if (finalists.size() < kCandidates || p->step_s < finalists.back().step_s) {
+      finalists.insert(std::upper_bound(finalists.begin(), finalists.end(), *p,
+                                        [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; }),
+                       *p);
+      if (finalists.size() > kCandidates) finalists.pop_back();
+    }
     if (p->step_s < best_step) {
       best_step = p->step_s;
       best = std::move(p);
     }
+  }
+
+  // The finalists by the replay of their schedule: the plan returned is the fastest the simulator would say.
+  void pick_by_replay() {
+    if (finalists.empty()) return;
+    for (Plan& p : finalists) score_by_replay(c, p);
+    best = *std::min_element(finalists.begin(), finalists.end(),
+                             [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; });
   }
 
   // Every choice of (tp, stages) per chip type, then the orders of the used types: all permutations in the
@@ -703,8 +749,10 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
                     search.closest.what.empty() ? "no layout was found" : search.closest.what,
                     ". Hint: allow full recomputation, enable ZeRO-1, or add devices with more memory"));
   }
+  search.pick_by_replay();
   Plan plan = *search.best;
-  plan.why = cat("fastest of ", search.evaluated.load(), " costed layouts (", search.layouts.load(), " generated, ",
+  plan.why = cat("fastest by its schedule's replay of the ", search.finalists.size(), " best of ",
+                 search.evaluated.load(), " costed layouts (", search.layouts.load(), " generated, ",
                  search.pruned_memory.load(), " pruned for memory, ", search.pruned_bound.load(),
                  " pruned by the lower bound; ", search.tier, " enumeration)");
   if (plan.devices_used < plan.devices_total) {

@@ -74,6 +74,12 @@ struct ScoreOptions {
 // Scores a layout with the given layers per stage. Without a fit (and with require_fit), nullopt and the failure.
 std::optional<Plan> score_split(const CostModel& costs, const Layout& layout, const std::vector<int>& layers,
                                 FitFailure* failure = nullptr, const ScoreOptions& options = {});
+// A plan's step time, throughput, MFU, bubble and limits from when each stage finished its last backward; and
+// the same from the replay of its schedule (schedule/replay.h), the simulator's timing, which the closed form
+// of 1F1B the search uses only approximates when links or near-equal stages make stages wait.
+void set_step(const CostModel& costs, Plan& plan, const std::vector<double>& finish, double pipeline_s,
+              bool link_bound);
+void score_by_replay(const CostModel& costs, Plan& plan);
 // The uniform split on a layout: layers divided as evenly as possible (the baseline HeteroAuto is measured against).
 std::optional<Plan> plan_uniform(const CostModel& costs, const Layout& layout, FitFailure* failure = nullptr);
 

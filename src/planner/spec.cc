@@ -81,10 +81,14 @@ std::string cluster_to_yaml(const Cluster& c) {
   y << YAML::Key << "chips" << YAML::Value << YAML::BeginSeq;
   for (const ChipType& t : c.chips) {
     y << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << t.name << YAML::Key << "vendor"
-      << YAML::Value << t.vendor << YAML::Key << "peak_tflops" << YAML::Value << t.peak_tflops << YAML::Key
-      << "efficiency" << YAML::Value << t.efficiency << YAML::Key << "memory_gib" << YAML::Value << t.memory_gib
-      << YAML::Key << "memory_bandwidth_gbps" << YAML::Value << t.memory_bandwidth_gbps << YAML::Key << "host_link_gbps"
-      << YAML::Value << t.host_link_gbps << YAML::EndMap;
+      << YAML::Value << t.vendor << YAML::Key << "peak_tflops" << YAML::Value << t.peak_tflops;
+    if (t.peak_tflops_f32 > 0) y << YAML::Key << "peak_tflops_f32" << YAML::Value << t.peak_tflops_f32;
+    y << YAML::Key << "efficiency" << YAML::Value << t.efficiency;
+    if (t.attention_efficiency > 0) y << YAML::Key << "attention_efficiency" << YAML::Value << t.attention_efficiency;
+    y << YAML::Key << "memory_gib" << YAML::Value << t.memory_gib << YAML::Key << "memory_bandwidth_gbps" << YAML::Value
+      << t.memory_bandwidth_gbps << YAML::Key << "memory_efficiency" << YAML::Value << t.memory_efficiency << YAML::Key
+      << "kernel_overhead_us" << YAML::Value << t.kernel_overhead_us << YAML::Key << "host_link_gbps" << YAML::Value
+      << t.host_link_gbps << YAML::EndMap;
   }
   y << YAML::EndSeq << YAML::Key << "groups" << YAML::Value << YAML::BeginSeq;
   for (const NodeGroup& g : c.groups) {
@@ -114,17 +118,25 @@ Cluster load_cluster(const ConfigNode& root) {
   Cluster c;
   c.name = root.get<std::string>("name", root.file());
   for (const ConfigNode& n : root.at("chips").items()) {
-    n.allow_only(
-        {"name", "vendor", "peak_tflops", "efficiency", "memory_gib", "memory_bandwidth_gbps", "host_link_gbps"});
+    n.allow_only({"name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "attention_efficiency",
+                  "memory_gib", "memory_bandwidth_gbps", "memory_efficiency", "kernel_overhead_us", "host_link_gbps"});
     ChipType t;
     t.name = n.get<std::string>("name");
     if (c.chip_index(t.name) >= 0) n.at("name").fail(cat("chip type '", t.name, "' is defined twice"));
     t.vendor = n.get<std::string>("vendor", "unknown");
     t.peak_tflops = positive(n, "peak_tflops");
-    t.efficiency = n.get<double>("efficiency", t.efficiency);
-    if (!(t.efficiency > 0 && t.efficiency <= 1)) n.at("efficiency").fail("must be in (0, 1]");
+    if (n.has("peak_tflops_f32")) t.peak_tflops_f32 = positive(n, "peak_tflops_f32");
+    const auto fraction = [&](const char* key, double fallback) {
+      const double v = n.get<double>(key, fallback);
+      if (!(v > 0 && v <= 1)) n.at(key).fail(cat("must be in (0, 1], got ", v));
+      return v;
+    };
+    t.efficiency = fraction("efficiency", t.efficiency);
+    if (n.has("attention_efficiency")) t.attention_efficiency = fraction("attention_efficiency", 0);
     t.memory_gib = positive(n, "memory_gib");
     t.memory_bandwidth_gbps = positive(n, "memory_bandwidth_gbps");
+    t.memory_efficiency = fraction("memory_efficiency", t.memory_efficiency);
+    t.kernel_overhead_us = non_negative(n, "kernel_overhead_us", t.kernel_overhead_us);
     t.host_link_gbps = n.has("host_link_gbps") ? positive(n, "host_link_gbps") : t.host_link_gbps;
     c.chips.push_back(t);
   }

@@ -14,16 +14,31 @@
 
 namespace h2 {
 
+// A chip type's figures, from its datasheet or measured by `h2 profile`. A kernel takes
+// max(FLOPs / rate, bytes / bandwidth) + kernel_overhead_us: a roofline per kernel plus a fixed cost, which is what
+// makes small problems (small micro-batches, small models, wide TP) slower per FLOP than large ones.
 struct ChipType {
   std::string name;
   std::string vendor;
-  double peak_tflops = 0;            // dense bf16 TFLOP/s from the datasheet or a profile
-  double efficiency = 0.5;           // achievable fraction of peak on large matmuls (measured: `h2 profile`)
+  double peak_tflops = 0;            // dense bf16 (tensor cores) TFLOP/s
+  double peak_tflops_f32 = 0;        // dense f32 matmuls (TF32 tensor cores on GPUs); 0 = peak_tflops / 2
+  double efficiency = 0.5;           // achievable fraction of peak on large matmuls
+  double attention_efficiency = 0;   // the attention core's achievable fraction of peak; 0 = efficiency / 2
   double memory_gib = 0;             // device memory
-  double memory_bandwidth_gbps = 0;  // device memory bandwidth, GB/s
+  double memory_bandwidth_gbps = 0;  // device memory bandwidth, GB/s (element-wise ops, the optimizer)
+  double memory_efficiency = 0.8;    // achievable fraction of it on streaming kernels
+  double kernel_overhead_us = 5;     // the fixed cost of each kernel (launch and dispatch), microseconds
   double host_link_gbps = 25;        // device <-> host (PCIe), GB/s: the path of host-staged transfers
 
-  double flops_per_second() const { return peak_tflops * 1e12 * efficiency; }
+  // Achievable rates, FLOP/s and bytes/s.
+  double peak_flops(bool bf16) const {
+    return (bf16 ? peak_tflops : peak_tflops_f32 > 0 ? peak_tflops_f32 : peak_tflops / 2) * 1e12;
+  }
+  double matmul_flops(bool bf16) const { return peak_flops(bf16) * efficiency; }
+  double attention_flops(bool bf16) const {
+    return peak_flops(bf16) * (attention_efficiency > 0 ? attention_efficiency : efficiency / 2);
+  }
+  double bytes_per_second() const { return memory_bandwidth_gbps * 1e9 * memory_efficiency; }
   double memory_bytes() const { return memory_gib * kBytesPerGiB; }
 };
 

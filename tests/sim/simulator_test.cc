@@ -1,6 +1,9 @@
 // The simulator against closed forms on uniform pipelines, and against the planner's plans.
 #include "sim/simulator.h"
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "planner/fixtures.h"
@@ -102,6 +105,91 @@ TEST(Plan, EveryFittingPlanFitsInTheSimulator) {
     EXPECT_TRUE(r.fits()) << layers << " layers";
     for (size_t i = 0; i < plan.stages.size(); ++i)
       EXPECT_LE(r.peak_memory_bytes[i], plan.stages[i].memory_bytes * (1 + 1e-9));
+  }
+}
+
+// The reference: every layout (all DP widths, micro-batches, TP and stage counts per type, orders) and every
+// split of the layers into stages, each costed by the cost model and timed by the simulator's replay — not by the
+// planner's own closed form, which the search uses to rank.
+double exhaustive_best(const CostModel& costs) {
+  double best = INFINITY;
+  const Cluster& c = costs.cluster();
+  const int L = static_cast<int>(costs.model().layers);
+  int devices = 0;
+  for (size_t k = 0; k < c.chips.size(); ++k) devices += c.devices_of(static_cast<int>(k));
+  for (int dp = 1; dp <= devices; ++dp) {
+    if (costs.train().global_batch % dp != 0) continue;
+    for (int b : costs.train().micro_batches) {
+      if ((costs.train().global_batch / dp) % b != 0) continue;
+      // (tp, stages) per type, recursively; then every order and every composition of L.
+      std::vector<std::vector<std::pair<int, int>>> per_type;
+      for (size_t k = 0; k < c.chips.size(); ++k) {
+        std::vector<std::pair<int, int>> o = {{1, 0}};
+        if (c.devices_of(static_cast<int>(k)) == 0) {
+          per_type.push_back(o);
+          continue;
+        }
+        for (int t : tp_options(costs, static_cast<int>(k))) {
+          for (int s = 1; s * t * dp <= c.devices_of(static_cast<int>(k)) && s <= L; ++s) o.push_back({t, s});
+        }
+        per_type.push_back(o);
+      }
+      std::vector<size_t> pick(per_type.size(), 0);
+      while (true) {
+        std::vector<int> used;
+        int stages = 0;
+        for (size_t k = 0; k < per_type.size(); ++k) {
+          if (per_type[k][pick[k]].second > 0) used.push_back(static_cast<int>(k));
+          stages += per_type[k][pick[k]].second;
+        }
+        if (stages >= 1 && stages <= L) {
+          std::sort(used.begin(), used.end());
+          do {
+            Layout l{dp, b, {}};
+            for (int k : used) {
+              for (int s = 0; s < per_type[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]].second; ++s) {
+                l.stages.push_back({k, per_type[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]].first});
+              }
+            }
+            // Every composition of L into `stages` positive parts.
+            std::vector<int> split(static_cast<size_t>(stages));
+            std::function<void(int, int)> compose = [&](int i, int left) {
+              if (i == stages - 1) {
+                split[static_cast<size_t>(i)] = left;
+                if (auto p = score_split(costs, l, split)) best = std::min(best, simulate(*p).step_s);
+                return;
+              }
+              for (int n = 1; n <= left - (stages - 1 - i); ++n) {
+                split[static_cast<size_t>(i)] = n;
+                compose(i + 1, left - n);
+              }
+            };
+            compose(0, L);
+          } while (std::next_permutation(used.begin(), used.end()));
+        }
+        size_t k = 0;
+        while (k < pick.size() && ++pick[k] == per_type[k].size()) pick[k++] = 0;
+        if (k == pick.size()) break;
+      }
+    }
+  }
+  return best;
+}
+
+TEST(Search, WithinOnePercentOfExhaustiveOnSmallClusters) {
+  for (int layers : {6, 8}) {
+    Cluster c = cluster_of(kSmallCluster);
+    if (layers == 8) c = c.only(0), c.groups.push_back(cluster_of(kSmallCluster).groups[1]);  // two types
+    const CostModel costs(c, small_model(layers), TrainSetup{.global_batch = 16, .micro_batches = {1, 2}});
+    SearchStats stats;
+    const Plan plan = plan_training(costs, PlannerOptions{}, &stats);
+    const double reference = exhaustive_best(costs);
+    ASSERT_TRUE(std::isfinite(reference));
+    EXPECT_EQ(stats.tier, "exhaustive");
+    const double simulated = simulate(plan).step_s;
+    EXPECT_NEAR(plan.step_s / simulated, 1.0, 1e-9);  // the plan's step is the simulator's
+    EXPECT_LE(simulated, reference * 1.01) << layers << " layers: search " << simulated << " s, optimum " << reference;
+    EXPECT_GE(simulated, reference * (1 - 1e-9));  // and no plan beats the optimum
   }
 }
 
