@@ -59,8 +59,9 @@ enum class OpClass {
 struct OpWork {
   const char* name;
   OpClass kind;
-  double flops;  // floating-point operations
-  double bytes;  // bytes read and written
+  double flops;      // floating-point operations
+  double bytes;      // bytes read and written
+  double gemms = 1;  // GEMMs it runs (a GEMM's backward: 2), each of flops / gemms
 };
 // `e` bytes per activation element and `w` per weight; the loss and its statistics are f32. The TP all-reduces
 // are communication, not listed here.

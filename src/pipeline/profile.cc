@@ -24,58 +24,95 @@
 
 namespace h2 {
 
-double achieved_flops_per_second(const TransformerShape& shape, int micro_batch, double layer_s, double head_s) {
-  const int64_t T = shape.seq_len;
-  const double flops =
-      3.0 * micro_batch *
-      (static_cast<double>(shape.layers) * layer_forward_flops(shape, T) + head_forward_flops(shape, T));
-  return flops / (static_cast<double>(shape.layers) * layer_s + head_s);
-}
-
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch, double min_seconds) {
   EmuProfile profile = emu_profile_of(cluster, chip);
   profile.mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
   auto device = create_device(DeviceSpec{.backend = "emu", .index = 0, .emu = profile});
+  Device& dev = *device;
   const GptConfig config = gpt_config_of(shape);
-  const int B = micro_batch, T = config.seq_len, C = config.n_embd;
+  const int B = micro_batch, T = config.seq_len, C = config.n_embd, NH = config.n_head;
+  const int64_t N = int64_t{B} * T;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> host(static_cast<size_t>(B) * T * C);
-  for (float& x : host) x = normal(rng);
-  Tensor x = device->empty(DType::kF32, {B, T, C}), dout = device->empty(DType::kF32, {B, T, C});
-  copy_from_host(x, host.data());
-  for (float& v : host) v = 0.01f * normal(rng);
-  copy_from_host(dout, host.data());
-  std::vector<int32_t> ids(static_cast<size_t>(B) * T);
+  const auto random = [&](Shape s, float scale) {
+    Tensor t = dev.empty(DType::kF32, s);
+    std::vector<float> host(static_cast<size_t>(t.numel()));
+    for (float& v : host) v = scale * normal(rng);
+    copy_from_host(t, host.data());
+    return t;
+  };
+  const Tensor x = random({B, T, C}, 1.0f), dout = random({B, T, C}, 0.01f);
+  std::vector<int32_t> ids(static_cast<size_t>(N));
   for (size_t i = 0; i < ids.size(); ++i)
     ids[i] = static_cast<int32_t>(i * 7919 % static_cast<size_t>(config.vocab_size));
-  Tensor targets = device->empty(DType::kI32, {B, T});
+  Tensor targets = dev.empty(DType::kI32, {B, T});
   copy_from_host(targets, ids.data());
-
-  ChipMeasurement m{.chip = chip, .speed = profile.speed};
-  Gpt block(config, *device, GptRange{false, 0, 1, false}, B, T);
+  Gpt block(config, dev, GptRange{false, 0, 1, false}, B, T);
   block.init(1);
-  Gpt head(config, *device, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
+  Gpt head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
   head.init(1);
+  // The model's GEMMs (k -> n columns over N rows) at TP 1 and 2, and the attention core at both.
+  struct Gemm {
+    Tensor in, w, out, din, dw;
+    double flops;  // forward + backward
+  };
+  std::vector<Gemm> gemms;
+  const int V = config.vocab_size;
+  for (int tp : {1, 2}) {
+    for (auto [k, n] : {std::pair{C, 3 * C / tp}, {C / tp, C}, {C, 4 * C / tp}, {4 * C / tp, C}, {C, V / tp}}) {
+      gemms.push_back({random({N, k}, 1.0f), random({n, k}, 0.02f), dev.empty(DType::kF32, {N, n}),
+                       dev.empty(DType::kF32, {N, k}), dev.zeros(DType::kF32, {n, k}), 6.0 * N * k * n});
+    }
+  }
+  struct Attention {
+    Tensor qkv, out, att, dqkv;
+    int heads;
+    double flops;  // forward + backward: 3 x 2 B T^2 C / tp
+  };
+  std::vector<Attention> attentions;
+  for (int tp : {1, 2}) {
+    attentions.push_back({random({B, T, 3 * C / tp}, 1.0f), dev.empty(DType::kF32, {B, T, C / tp}),
+                          dev.empty(DType::kF32, {B, NH / tp, T, T}), dev.empty(DType::kF32, {B, T, 3 * C / tp}),
+                          NH / tp, 3.0 * 2.0 * N * T * C / tp});
+  }
+  Tensor tiny = dev.zeros(DType::kF32, {1});
   // The optimizer step as every trainer takes it (train/optimizer.h: norm, clipping, AdamW), over the head's
   // parameters. The cost model charges it optimizer_traffic_bytes per parameter of memory traffic (f32: 40), so
   // the rate measured here is the memory bandwidth that makes that formula true on this chip.
   const int64_t n = head.num_params();
-  const OptimizerState state{device->zeros(DType::kF32, {n}), device->zeros(DType::kF32, {n})};
-  Tensor acc = device->zeros(DType::kF32, {1});
+  const OptimizerState state{dev.zeros(DType::kF32, {n}), dev.zeros(DType::kF32, {n})};
+  Tensor acc = dev.zeros(DType::kF32, {1});
   const auto timed = [&](const std::function<void()>& fn) {
     const double t0 = monotonic_seconds();
     fn();
-    device->synchronize();
+    dev.synchronize();
     return monotonic_seconds() - t0;
   };
-  // Rounds of block, head and optimizer until both kRounds are done and min_seconds have passed (the first
-  // round warms up); the medians are the measurements.
+  constexpr int kTiny = 200;  // kernels per round of the overhead measurement
+  // Rounds of every measurement until kRounds are done and min_seconds have passed (the first round warms up);
+  // the medians are the measurements.
   constexpr int kRounds = 5;
-  std::vector<double> layer, head_s, optim;
+  std::vector<double> overhead, attention_s, layer, head_s, optim;
+  std::vector<std::vector<double>> gemm_s(gemms.size());
   const double start = monotonic_seconds();
   for (int round = 0; round <= kRounds || monotonic_seconds() - start < min_seconds; ++round) {
+    const double o = timed([&] {
+      for (int i = 0; i < kTiny; ++i) ops::scale(tiny, 1.0f);
+    });
+    std::vector<double> g;
+    for (const Gemm& m : gemms) {
+      g.push_back(timed([&] {
+        ops::matmul_forward(m.out, m.in, m.w, Tensor());
+        ops::matmul_backward(m.din, m.dw, Tensor(), m.out, m.in, m.w);
+      }));
+    }
+    const double a = timed([&] {
+      for (const Attention& m : attentions) {
+        ops::attention_forward(m.out, m.att, m.qkv, m.heads);
+        ops::attention_backward(m.dqkv, m.out, m.qkv, m.att, m.heads);
+      }
+    });
     const double l = timed([&] {
       block.forward(x);
       block.backward(dout);
@@ -85,17 +122,71 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       head.loss(targets);
       head.backward();
     });
-    const double o = timed([&] { optimizer_step(head, state, AdamwParams{}, acc, {.max_norm = 1e-6}); });
+    const double p = timed([&] { optimizer_step(head, state, AdamwParams{}, acc, {.max_norm = 1e-6}); });
     if (round == 0) continue;
+    overhead.push_back(o / kTiny);
+    for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]);
+    attention_s.push_back(a);
     layer.push_back(l);
     head_s.push_back(h);
-    optim.push_back(o);
+    optim.push_back(p);
   }
+  ChipMeasurement m{.chip = chip, .speed = profile.speed};
+  m.kernel_overhead_s = median(overhead);
+  // Rates beyond the kernels' fixed costs (a forward and a backward kernel each; the backward runs two GEMMs).
+  for (size_t i = 0; i < gemms.size(); ++i) {
+    const double rate = gemms[i].flops / std::max(1e-9, median(gemm_s[i]) - 2.0 * m.kernel_overhead_s);
+    m.gemm_rates.emplace_back(gemms[i].flops / 3, rate);
+  }
+  // The rate of all of them together (the curve's points are relative to it).
+  double all_flops = 0, all_seconds = 0;
+  for (const auto& [size, rate] : m.gemm_rates) all_flops += size, all_seconds += size / rate;
+  m.matmul_flops = all_flops / all_seconds;
+  double attention_flops = 0;
+  for (const Attention& a : attentions) attention_flops += a.flops;
+  m.attention_flops =
+      attention_flops / std::max(1e-9, median(attention_s) - 2.0 * attentions.size() * m.kernel_overhead_s);
+  m.memory_gbps = CostConstants::f32().optimizer_traffic_bytes * static_cast<double>(n) / median(optim) / 1e9;
   m.layer_s = median(layer);
   m.head_s = median(head_s);
-  m.flops_per_second = achieved_flops_per_second(shape, B, m.layer_s, m.head_s);
-  m.optimizer_gbps = CostConstants::f32().optimizer_traffic_bytes * static_cast<double>(n) / median(optim) / 1e9;
   return m;
+}
+
+std::vector<double> measurement_figures(const ChipMeasurement& m) {
+  std::vector<double> f = {m.kernel_overhead_s, m.matmul_flops, m.attention_flops, m.memory_gbps, m.layer_s, m.head_s};
+  for (const auto& [size, rate] : m.gemm_rates) f.insert(f.end(), {size, rate});
+  return f;
+}
+
+ChipMeasurement measurement_of(const std::vector<double>& f) {
+  ChipMeasurement m{.kernel_overhead_s = f[0],
+                    .matmul_flops = f[1],
+                    .attention_flops = f[2],
+                    .memory_gbps = f[3],
+                    .layer_s = f[4],
+                    .head_s = f[5]};
+  for (size_t i = std::size(kMeasurementFigures); i + 1 < f.size(); i += 2) m.gemm_rates.emplace_back(f[i], f[i + 1]);
+  return m;
+}
+
+std::vector<std::pair<double, double>> matmul_curve_of(std::vector<std::pair<double, double>> rates, double peak) {
+  // Ascending sizes in buckets of a factor kBucket, each the FLOPs of its GEMMs over their time together (one
+  // noisy small GEMM does not make a point), at their FLOP-weighted size.
+  constexpr double kBucket = 4;
+  std::sort(rates.begin(), rates.end());
+  std::vector<std::pair<double, double>> curve;
+  for (size_t i = 0; i < rates.size();) {
+    double flops = 0, seconds = 0, weighted = 0;
+    size_t j = i;
+    for (; j < rates.size() && rates[j].first <= rates[i].first * kBucket; ++j) {
+      flops += rates[j].first;
+      seconds += rates[j].first / rates[j].second;
+      weighted += rates[j].first * rates[j].first;
+    }
+    curve.emplace_back(weighted / flops / 1e9, flops / seconds / peak);
+    i = j;
+  }
+  return curve;
 }
 
 LinkMeasurement measure_link(Communicator& world) {
@@ -130,9 +221,18 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
   out.name = cluster.name + "-profiled";
   for (const ChipMeasurement& m : chips) {
     ChipType& t = out.chips[static_cast<size_t>(out.chip_index(m.chip))];
-    t.peak_tflops = m.flops_per_second / 1e12;
+    // The emulated chips run f32: the measured GEMM rate is their peak in both precisions, reached in full.
+    t.peak_tflops = t.peak_tflops_f32 = m.matmul_flops / 1e12;
     t.efficiency = 1.0;
-    t.memory_bandwidth_gbps = m.optimizer_gbps;
+    t.matmul_curve = matmul_curve_of(m.gemm_rates, m.matmul_flops);
+    double best = 0;  // the peak is the best point's rate: the curve's fractions are of it
+    for (const auto& [size, fraction] : t.matmul_curve) best = std::max(best, fraction);
+    t.peak_tflops = t.peak_tflops_f32 = m.matmul_flops * best / 1e12;
+    for (auto& [size, fraction] : t.matmul_curve) fraction /= best;
+    t.attention_efficiency = std::min(1.0, m.attention_flops / m.matmul_flops);
+    t.memory_bandwidth_gbps = m.memory_gbps;
+    t.memory_efficiency = 1.0;
+    t.kernel_overhead_us = m.kernel_overhead_s * 1e6;
   }
   if (link.bandwidth_gbps > 0) {
     for (NodeGroup& g : out.groups) {
@@ -190,16 +290,16 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
       measure_chip(cluster, chips[static_cast<size_t>(world.rank())], shape, micro_batch, /*min_seconds=*/8.0);
   world.barrier();
   const LinkMeasurement link = measure_link(world);
-  const float mine[3] = {static_cast<float>(m.layer_s), static_cast<float>(m.head_s),
-                         static_cast<float>(m.optimizer_gbps)};
-  std::vector<float> all(3 * static_cast<size_t>(world.size()));
-  world.all_gather(all.data(), mine, 3, DType::kF32);
+  const std::vector<double> figures = measurement_figures(m);
+  std::vector<float> mine(figures.begin(), figures.end());
+  std::vector<float> all(mine.size() * static_cast<size_t>(world.size()));
+  world.all_gather(all.data(), mine.data(), mine.size(), DType::kF32);
   if (world.rank() == 0) {
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < world.size(); ++r) {
-      const float* x = &all[3 * static_cast<size_t>(r)];
-      ranks.push_back(
-          {{"chip", chips[static_cast<size_t>(r)]}, {"layer_s", x[0]}, {"head_s", x[1]}, {"optimizer_gbps", x[2]}});
+      std::vector<double> figures(all.begin() + static_cast<long>(static_cast<size_t>(r) * mine.size()),
+                                  all.begin() + static_cast<long>((static_cast<size_t>(r) + 1) * mine.size()));
+      ranks.push_back({{"chip", chips[static_cast<size_t>(r)]}, {"figures", figures}});
     }
     write_file_atomic(
         out, nlohmann::json{{"bandwidth_gbps", link.bandwidth_gbps}, {"latency_us", link.latency_us}, {"ranks", ranks}}
@@ -232,32 +332,43 @@ void profile_cluster(const ProfileJob& job) {
   const nlohmann::json j = nlohmann::json::parse(read_file(part));
   std::filesystem::remove(part);
   // Each chip type: the mean over its ranks.
-  std::printf("%-10s %6s %12s %12s %14s %10s\n", "chip", "speed", "block ms", "head ms", "achieved GF/s", "optim GB/s");
   std::vector<ChipMeasurement> chips;
   for (const ChipType& t : cluster.chips) {
-    ChipMeasurement m{.chip = t.name, .speed = emu_profile_of(cluster, t.name).speed};
+    std::vector<double> sum;
     int n = 0;
     for (const auto& x : j["ranks"]) {
       if (x["chip"] != t.name) continue;
-      m.layer_s += x["layer_s"].get<double>();
-      m.head_s += x["head_s"].get<double>();
-      m.optimizer_gbps += x["optimizer_gbps"].get<double>();
+      const std::vector<double> figures = x["figures"].get<std::vector<double>>();
+      sum.resize(figures.size(), 0.0);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += figures[i];
       ++n;
     }
     if (n == 0) continue;
-    m.layer_s /= n;
-    m.head_s /= n;
-    m.optimizer_gbps /= n;
-    m.flops_per_second = achieved_flops_per_second(shape, micro_batch, m.layer_s, m.head_s);
+    for (double& v : sum) v /= n;
+    ChipMeasurement m = measurement_of(sum);
+    m.chip = t.name;
+    m.speed = emu_profile_of(cluster, t.name).speed;
     chips.push_back(m);
-    std::printf("%-10s %6.2f %12.2f %12.2f %14.2f %10.2f\n", m.chip.c_str(), m.speed, m.layer_s * 1e3, m.head_s * 1e3,
-                m.flops_per_second / 1e9, m.optimizer_gbps);
   }
   const LinkMeasurement link{j["bandwidth_gbps"].get<double>(), j["latency_us"].get<double>()};
+  const Cluster profiled = profiled_cluster(cluster, chips, link);
+  // The figures, and a block's and the head's whole time measured beside what the cost model makes of them.
+  const CostModel costs(profiled, shape, TrainSetup{.global_batch = micro_batch, .precision = Precision::kF32});
+  std::printf("%-10s %6s %9s %10s %10s %9s %21s %21s\n", "chip", "speed", "kernel us", "GEMM GF/s", "attn GF/s",
+              "mem GB/s", "block ms (predicted)", "head ms (predicted)");
+  for (const ChipMeasurement& m : chips) {
+    const int k = profiled.chip_index(m.chip);
+    const double block =
+        costs.layer_forward_s(k, 1, micro_batch) + costs.layer_backward_s(k, 1, micro_batch, Recompute::kNone);
+    const double head = costs.head_forward_s(k, 1, micro_batch) + costs.head_backward_s(k, 1, micro_batch);
+    std::printf("%-10s %6.2f %9.1f %10.2f %10.2f %9.2f %9.2f (%9.2f) %9.2f (%9.2f)\n", m.chip.c_str(), m.speed,
+                m.kernel_overhead_s * 1e6, m.matmul_flops / 1e9, m.attention_flops / 1e9, m.memory_gbps,
+                m.layer_s * 1e3, block * 1e3, m.head_s * 1e3, head * 1e3);
+  }
   std::printf("link (DiComm over UCX, %d processes, pairs all-reducing at once): %.2f GB/s, %.1f us\n", options.ranks,
               link.bandwidth_gbps, link.latency_us);
   write_file_atomic(out, "# Measured by h2 profile from " + cluster_file + " at the shapes of " + model_label + "\n" +
-                             cluster_to_yaml(profiled_cluster(cluster, chips, link)));
+                             cluster_to_yaml(profiled));
 }
 
 }  // namespace h2

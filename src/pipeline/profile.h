@@ -2,15 +2,16 @@
 // otherwise take from a datasheet, and writes a cluster file with the measured figures - so that predictions are
 // about this cluster.
 //
-// Per chip type (an emulated chip of that type here): one transformer block's forward + backward and the head's
-// (final LayerNorm, logits, loss) at the model's shapes and the micro-batch size, with the cores each rank will
-// get; the achieved FLOP rate over the whole model (L blocks + head, the cost model's FLOP counts) becomes the
-// chip's peak_tflops with efficiency 1, and the optimizer step's rate (norm, clipping, AdamW), as the bandwidth
-// that makes the cost model's optimizer formula (40 bytes of traffic per f32 parameter) true, its memory
-// bandwidth. Per link: DiComm latency from 8-byte exchanges and bandwidth from 32 MiB all-reduces of every pair
-// of ranks at once, applied to every link and NIC of the cluster (on one host they are all the same path).
-// `h2 profile` runs these in one process per device, all at once, so each chip is measured while the others
-// load the host as training will.
+// Per chip type (an emulated chip of that type here), with the cores each rank will get, the figures of the cost
+// model's kernel roofline (planner/cost_model.h): the fixed cost of a kernel (tiny kernels); the GEMM rate, from
+// the forward and backward of the model's GEMMs at the micro-batch size and at TP 1 and 2 (their FLOPs over
+// their time less their fixed costs); the attention core's rate likewise; and the optimizer step's rate (norm,
+// clipping, AdamW) as the memory bandwidth that makes the cost model's optimizer formula (40 bytes of traffic per
+// f32 parameter) true. A block's forward + backward and the head's are measured whole too, and printed beside what
+// the cost model predicts from those figures. Per link: DiComm latency from 8-byte exchanges and bandwidth from
+// 32 MiB all-reduces of every pair of ranks at once, applied to every link and NIC of the cluster (on one host
+// they are all the same path). `h2 profile` runs these in one process per device, all at once, so each chip is
+// measured while the others load the host as training will.
 #pragma once
 
 #include <functional>
@@ -24,24 +25,34 @@ namespace h2 {
 
 struct ChipMeasurement {
   std::string chip;
-  double speed = 1;             // the emulated chip's speed (relative to this host)
-  double layer_s = 0;           // one block, forward + backward, one micro-batch
-  double head_s = 0;            // the head, forward + loss + backward
-  double flops_per_second = 0;  // achieved over L blocks + head
-  double optimizer_gbps = 0;    // AdamW's rate as the memory bandwidth the cost model's formula needs
+  double speed = 1;              // the emulated chip's speed (relative to this host)
+  double kernel_overhead_s = 0;  // the fixed cost of one kernel
+  double matmul_flops = 0;       // GEMMs' rate beyond their fixed costs, FLOP/s (the fastest size's)
+  // Per GEMM shape measured (the model's at TP 1 and 2, and the head's): (FLOPs of one GEMM, its rate).
+  std::vector<std::pair<double, double>> gemm_rates;
+  double attention_flops = 0;  // the attention core's
+  double memory_gbps = 0;      // the optimizer step's rate as the memory bandwidth the cost model's formula needs
+  double layer_s = 0;          // measured whole: one block, forward + backward, one micro-batch
+  double head_s = 0;           // the head, forward + loss + backward
 };
+
+// The figures in a fixed order (for sending them between ranks): these, then each GEMM shape's size and rate.
+inline constexpr const char* kMeasurementFigures[] = {"kernel_overhead_s", "matmul_flops", "attention_flops",
+                                                      "memory_gbps",       "layer_s",      "head_s"};
+std::vector<double> measurement_figures(const ChipMeasurement& m);
+ChipMeasurement measurement_of(const std::vector<double>& figures);
+// The matmul_curve of a chip type (planner/spec.h) from measured (GEMM FLOPs, rate) pairs against its peak: sizes
+// ascending, those within a factor 4 of each other measured together as one point, as fractions of `peak` (the
+// caller rescales them to the best point's).
+std::vector<std::pair<double, double>> matmul_curve_of(std::vector<std::pair<double, double>> rates, double peak);
 
 struct LinkMeasurement {
   double bandwidth_gbps = 0;
   double latency_us = 0;
 };
 
-// The FLOP rate achieved over the whole model (L blocks + head, the cost model's counts, forward + backward)
-// when a block takes layer_s and the head head_s per micro-batch.
-double achieved_flops_per_second(const TransformerShape& shape, int micro_batch, double layer_s, double head_s);
-
-// Medians over rounds of all three measurements, repeated for at least `min_seconds` (so that ranks measuring
-// at once keep loading the host until all are done) and at least 5 rounds.
+// Medians over rounds of the measurements, repeated for at least `min_seconds` (so that ranks measuring at once
+// keep loading the host until all are done) and at least 5 rounds.
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch, double min_seconds = 0);
 // A collective over `world`; every rank gets the result.

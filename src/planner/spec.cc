@@ -3,6 +3,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 
 namespace h2 {
@@ -27,6 +30,25 @@ int64_t positive_int(const ConfigNode& node, const char* key) {
 }
 
 }  // namespace
+
+double ChipType::matmul_flops(bool bf16, double gemm_flops) const {
+  if (matmul_curve.empty()) return peak_flops(bf16) * efficiency;
+  if (gemm_flops <= 0) {  // the plateau: the best fraction measured
+    double best = 0;
+    for (const auto& [size, fraction] : matmul_curve) best = std::max(best, fraction);
+    return peak_flops(bf16) * best;
+  }
+  const double g = gemm_flops / 1e9;
+  if (g <= matmul_curve.front().first) return peak_flops(bf16) * matmul_curve.front().second;
+  for (size_t i = 1; i < matmul_curve.size(); ++i) {
+    const auto [x1, y1] = matmul_curve[i];
+    if (g > x1) continue;
+    const auto [x0, y0] = matmul_curve[i - 1];
+    const double a = std::log(g / x0) / std::log(x1 / x0);
+    return peak_flops(bf16) * (y0 + a * (y1 - y0));
+  }
+  return peak_flops(bf16) * matmul_curve.back().second;
+}
 
 int Cluster::chip_index(const std::string& n) const {
   for (size_t i = 0; i < chips.size(); ++i) {
@@ -84,6 +106,12 @@ std::string cluster_to_yaml(const Cluster& c) {
       << YAML::Value << t.vendor << YAML::Key << "peak_tflops" << YAML::Value << t.peak_tflops;
     if (t.peak_tflops_f32 > 0) y << YAML::Key << "peak_tflops_f32" << YAML::Value << t.peak_tflops_f32;
     y << YAML::Key << "efficiency" << YAML::Value << t.efficiency;
+    if (!t.matmul_curve.empty()) {
+      y << YAML::Key << "matmul_curve" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (const auto& [size, fraction] : t.matmul_curve)
+        y << YAML::Flow << YAML::BeginSeq << size << fraction << YAML::EndSeq;
+      y << YAML::EndSeq;
+    }
     if (t.attention_efficiency > 0) y << YAML::Key << "attention_efficiency" << YAML::Value << t.attention_efficiency;
     y << YAML::Key << "memory_gib" << YAML::Value << t.memory_gib << YAML::Key << "memory_bandwidth_gbps" << YAML::Value
       << t.memory_bandwidth_gbps << YAML::Key << "memory_efficiency" << YAML::Value << t.memory_efficiency << YAML::Key
@@ -118,8 +146,9 @@ Cluster load_cluster(const ConfigNode& root) {
   Cluster c;
   c.name = root.get<std::string>("name", root.file());
   for (const ConfigNode& n : root.at("chips").items()) {
-    n.allow_only({"name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "attention_efficiency",
-                  "memory_gib", "memory_bandwidth_gbps", "memory_efficiency", "kernel_overhead_us", "host_link_gbps"});
+    n.allow_only({"name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
+                  "attention_efficiency", "memory_gib", "memory_bandwidth_gbps", "memory_efficiency",
+                  "kernel_overhead_us", "host_link_gbps"});
     ChipType t;
     t.name = n.get<std::string>("name");
     if (c.chip_index(t.name) >= 0) n.at("name").fail(cat("chip type '", t.name, "' is defined twice"));
@@ -133,6 +162,18 @@ Cluster load_cluster(const ConfigNode& root) {
     };
     t.efficiency = fraction("efficiency", t.efficiency);
     if (n.has("attention_efficiency")) t.attention_efficiency = fraction("attention_efficiency", 0);
+    if (auto curve = n.find("matmul_curve")) {
+      for (const ConfigNode& point : curve->items()) {
+        const std::vector<ConfigNode> xy = point.items();
+        if (xy.size() != 2) point.fail("a point is [GFLOP of one GEMM, achievable fraction]");
+        const double size = xy[0].as_double(), f = xy[1].as_double();
+        if (!(size > 0) || !std::isfinite(size)) xy[0].fail(cat("must be a positive size, got ", size));
+        if (!(f > 0 && f <= 1)) xy[1].fail(cat("must be in (0, 1], got ", f));
+        if (!t.matmul_curve.empty() && size <= t.matmul_curve.back().first) xy[0].fail("sizes must ascend");
+        t.matmul_curve.emplace_back(size, f);
+      }
+      if (t.matmul_curve.empty()) curve->fail("lists no point");
+    }
     t.memory_gib = positive(n, "memory_gib");
     t.memory_bandwidth_gbps = positive(n, "memory_bandwidth_gbps");
     t.memory_efficiency = fraction("memory_efficiency", t.memory_efficiency);

@@ -20,9 +20,12 @@ namespace h2 {
 struct ChipType {
   std::string name;
   std::string vendor;
-  double peak_tflops = 0;            // dense bf16 (tensor cores) TFLOP/s
-  double peak_tflops_f32 = 0;        // dense f32 matmuls (TF32 tensor cores on GPUs); 0 = peak_tflops / 2
-  double efficiency = 0.5;           // achievable fraction of peak on large matmuls
+  double peak_tflops = 0;      // dense bf16 (tensor cores) TFLOP/s
+  double peak_tflops_f32 = 0;  // dense f32 matmuls (TF32 tensor cores on GPUs); 0 = peak_tflops / 2
+  double efficiency = 0.5;     // achievable fraction of peak on large matmuls
+  // Or the achievable fraction by a GEMM's size: (GFLOP of one GEMM, fraction) points, ascending, interpolated in
+  // log size and held beyond the ends (`h2 profile` measures them). Empty: `efficiency` at every size.
+  std::vector<std::pair<double, double>> matmul_curve;
   double attention_efficiency = 0;   // the attention core's achievable fraction of peak; 0 = efficiency / 2
   double memory_gib = 0;             // device memory
   double memory_bandwidth_gbps = 0;  // device memory bandwidth, GB/s (element-wise ops, the optimizer)
@@ -34,7 +37,8 @@ struct ChipType {
   double peak_flops(bool bf16) const {
     return (bf16 ? peak_tflops : peak_tflops_f32 > 0 ? peak_tflops_f32 : peak_tflops / 2) * 1e12;
   }
-  double matmul_flops(bool bf16) const { return peak_flops(bf16) * efficiency; }
+  // The achievable GEMM rate for one GEMM of `gemm_flops` (0: a large one, the plateau).
+  double matmul_flops(bool bf16, double gemm_flops = 0) const;
   double attention_flops(bool bf16) const {
     return peak_flops(bf16) * (attention_efficiency > 0 ? attention_efficiency : efficiency / 2);
   }
