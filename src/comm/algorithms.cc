@@ -404,7 +404,7 @@ void Communicator::all_gather(void* out, const void* in, size_t count, DType dty
   const int n = size(), r = rank();
   const size_t bytes = count * dtype_size(dtype);
   auto* o = static_cast<char*>(out);
-  if (bytes > 0) std::memcpy(o + bytes * static_cast<size_t>(r), in, bytes);
+  if (bytes > 0 && o + bytes * static_cast<size_t>(r) != in) std::memcpy(o + bytes * static_cast<size_t>(r), in, bytes);
   if (n > 1 && bytes * static_cast<size_t>(n) > options_.small_message_bytes) {
     if (SharedWindow* w = shared_window()) return window_all_gather(*this, *w, o, bytes);
   }

@@ -54,7 +54,8 @@ class Communicator {
   void all_reduce(void* data, size_t count, DType dtype, ReduceOp op);
   // in: size() x count elements; out: this rank's reduced block of count elements.
   void reduce_scatter(void* out, const void* in, size_t count, DType dtype, ReduceOp op);
-  // in: count elements; out: size() x count elements, rank r's block at r x count.
+  // in: count elements (may be this rank's block of out: in place); out: size() x count elements, rank r's block at r x
+  // count.
   void all_gather(void* out, const void* in, size_t count, DType dtype);
   void broadcast(void* data, size_t count, DType dtype, int root);
   void barrier();

@@ -1,6 +1,7 @@
 // TensorComm: direct or staged communication of device tensors.
 #include "comm/tensor_comm.h"
 
+#include "core/error.h"
 #include "device/device.h"
 
 namespace h2 {
@@ -28,6 +29,24 @@ void TensorComm::all_reduce(const Tensor& t, ReduceOp op) {
   void* host = host_view(t, true);
   comm_.all_reduce(host, static_cast<size_t>(t.numel()), t.dtype(), op);
   write_back(t, host);
+}
+
+void TensorComm::all_gather(const Tensor& whole, const Tensor& mine) {
+  whole.device().synchronize();
+  const size_t count = static_cast<size_t>(mine.numel());
+  H2_CHECK(whole.numel() == mine.numel() * comm_.size())
+      << "all_gather of " << mine.numel() << " into " << whole.numel();
+  if (whole.device().props().host_addressable && mine.device().props().host_addressable) {
+    comm_.all_gather(whole.data(), mine.data(), count, whole.dtype());
+    return;
+  }
+  // Staged: this rank's block in place in the host copy, gathered there, written back.
+  void* host = host_view(whole, false);
+  char* block = static_cast<char*>(host) + mine.bytes() * static_cast<size_t>(comm_.rank());
+  mine.device().copy_d2h(block, mine.data(), mine.bytes());
+  mine.device().synchronize();
+  comm_.all_gather(host, block, count, whole.dtype());
+  write_back(whole, host);
 }
 
 void TensorComm::send(const Tensor& t, int peer, uint32_t tag) {

@@ -19,6 +19,9 @@ class TensorComm {
 
   // f32 or bf16, in place.
   void all_reduce(const Tensor& t, ReduceOp op);
+  // `whole` is size() blocks of `mine`'s size, and `mine` is this rank's block of it (in place) or another tensor:
+  // every rank ends with every rank's block.
+  void all_gather(const Tensor& whole, const Tensor& mine);
   // Point-to-point with the communicator's timeout; the receiving tensor has the sent size. isend returns the
   // request to wait on, or nullptr when the tensor had to be staged (then the send has completed).
   void send(const Tensor& t, int peer, uint32_t tag);

@@ -41,16 +41,24 @@ StageLayout::Place StageLayout::place(int rank) const {
   throw Error(ErrorCode::kInvalidArgument, cat("pipeline: rank ", rank, " is outside the layout's ", world_size()));
 }
 
-std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, int from, int to) {
+std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, int64_t row_elements, int from, int to) {
   const StageShape src = layout.stages[static_cast<size_t>(from)], dst = layout.stages[static_cast<size_t>(to)];
-  const int src_rows = rows / src.dp, dst_rows = rows / dst.dp;
+  const int64_t src_part = rows / src.dp * row_elements, dst_part = rows / dst.dp * row_elements;
+  const int64_t chunk = dst_part / dst.tp;  // C is divisible by TP, so chunks are whole
+  // With more sending than receiving TP ranks, each chunk comes in as many pieces, one from each of them.
+  const int pieces = std::max(1, src.tp / dst.tp);
   std::vector<Transfer> out;
   for (int d = 0; d < dst.dp; ++d) {
     for (int t = 0; t < dst.tp; ++t) {
-      const int lo = d * dst_rows, hi = lo + dst_rows;
-      for (int e = lo / src_rows; e < src.dp && e * src_rows < hi; ++e) {
-        const int a = std::max(lo, e * src_rows), b = std::min(hi, (e + 1) * src_rows);
-        out.push_back({layout.rank_of(from, e, t % src.tp), layout.rank_of(to, d, t), a, b - a});
+      for (int j = 0; j < pieces; ++j) {
+        const int64_t lo = d * dst_part + t * chunk + chunk * j / pieces,
+                      hi = d * dst_part + t * chunk + chunk * (j + 1) / pieces;
+        const int sender = (t + j * dst.tp) % src.tp;
+        for (int64_t e = lo / src_part; e < src.dp && e * src_part < hi; ++e) {
+          const int64_t a = std::max(lo, e * src_part), b = std::min(hi, (e + 1) * src_part);
+          if (a < b)
+            out.push_back({layout.rank_of(from, static_cast<int>(e), sender), layout.rank_of(to, d, t), a, b - a});
+        }
       }
     }
   }
@@ -138,9 +146,10 @@ StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range
   }
   B_ = rows / layout.stages[static_cast<size_t>(stage)].dp;
   const int me = comms.all.rank();
+  const int64_t row_elements = int64_t{T} * config.n_embd;
   auto mine = [&](int from, int to, bool sending) {
     std::vector<Transfer> out;
-    for (const Transfer& t : boundary_transfers(layout, rows, from, to)) {
+    for (const Transfer& t : boundary_transfers(layout, rows, row_elements, from, to)) {
       if ((sending ? t.from : t.to) == me) out.push_back(t);
     }
     return out;
@@ -245,14 +254,17 @@ void StageRunner::backward(int m) {
   slot_holds_[static_cast<size_t>(slot)] = -1;  // backward consumed the activations
 }
 
-// Rows of a micro-batch's piece within this replica's part of it.
-Tensor StageRunner::rows_of(const Tensor& t, const Transfer& piece) const {
-  const int lo = piece.first_row - place_.replica * B_;
-  return t.slice(lo, lo + piece.rows);
+// A piece's elements within this replica's part of the micro-batch.
+Tensor StageRunner::piece_of(const Tensor& t, const Transfer& piece) const {
+  const int64_t lo = piece.first - int64_t{place_.replica} * t.numel();
+  return t.reshape({t.numel()}).slice(lo, lo + piece.count);
 }
 
 void StageRunner::send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag, int owner) {
-  for (const Transfer& p : pieces) sends_.push_back({owner, p.to, all_.isend(rows_of(t, p), p.to, tag)});
+  for (const Transfer& p : pieces) {
+    sends_.push_back({owner, p.to, all_.isend(piece_of(t, p), p.to, tag)});
+    p2p_bytes_sent_ += p.count * static_cast<int64_t>(dtype_size(t.dtype()));
+  }
 }
 
 void StageRunner::wait_sends(int owner) {
@@ -266,7 +278,11 @@ void StageRunner::wait_sends(int owner) {
 }
 
 void StageRunner::receive(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag) {
-  for (const Transfer& p : pieces) all_.recv(rows_of(t, p), p.from, tag);
+  for (const Transfer& p : pieces) all_.recv(piece_of(t, p), p.from, tag);
+  if (comms_.tp.size() > 1) {  // the replica's TP ranks each received a chunk: put the whole together
+    const int64_t chunk = t.numel() / comms_.tp.size();
+    tp_.all_gather(t, t.reshape({t.numel()}).slice(place_.t * chunk, (place_.t + 1) * chunk));
+  }
 }
 
 float StageRunner::step(const Schedule& schedule, const Batch& batch, const AdamwParams& hp) {
@@ -338,7 +354,7 @@ float StageRunner::evaluate(int micro_batches, const Batch& batch) {
     if (last_) {
       loss_sum += model_->loss(targets_, 0.0f);  // no gradient wanted
     } else {
-      for (const Transfer& p : to_next_) all_.send(rows_of(model_->output(), p), p.to, activation_tag(m));
+      for (const Transfer& p : to_next_) all_.send(piece_of(model_->output(), p), p.to, activation_tag(m));
     }
   }
   std::fill(slot_holds_.begin(), slot_holds_.end(), -1);

@@ -57,13 +57,19 @@ struct StageLayout {
   Place place(int rank) const;
 };
 
-// One piece of a micro-batch's activations (or their gradient) crossing a stage boundary.
+// One piece of a micro-batch's activations (or their gradient) crossing a stage boundary: elements of the whole
+// micro-batch's (rows, T, C) tensor, flattened.
 struct Transfer {
-  int from = 0, to = 0;         // world ranks
-  int first_row = 0, rows = 0;  // of the micro-batch
+  int from = 0, to = 0;          // world ranks
+  int64_t first = 0, count = 0;  // elements of the micro-batch
 };
-// Every piece going from stage `from` to stage `to` (neighbours) for a micro-batch of `rows` sequences.
-std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, int from, int to);
+// Every piece going from stage `from` to stage `to` (neighbours) for a micro-batch of `rows` sequences of
+// `row_elements` (T x C) each. Partitioned (Megatron-LM's scatter-gather): each receiving TP rank gets its 1/tp
+// of its replica's rows, from the sending replicas that hold them, sent by the TP rank whose index is its own
+// modulo the sender's TP (in tp_from / tp_to pieces from as many sending ranks when those are more); the
+// receiving TP group then all-gathers the whole. Each sending TP rank so sends 1 / max(tp_from, tp_to) of what
+// crosses (ceil(tp_to / tp_from) / tp_to when TP degrees do not divide), not all of it.
+std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, int64_t row_elements, int from, int to);
 
 // The communicators a stage needs, split from the world (a collective over every rank of the layout).
 struct StageComms {
@@ -107,6 +113,7 @@ class StageRunner {
   Gpt& model() { return *model_; }
   const StageLayout::Place& place() const { return place_; }
   int64_t recomputations() const { return model_->recomputed_blocks(); }  // blocks recomputed in backward, so far
+  int64_t p2p_bytes_sent() const { return p2p_bytes_sent_; }  // activations and gradients sent to neighbours, so far
   // Everything the stage allocated on its device, measured by the allocator in costs.h's terms.
   const StageMemory& allocated() const { return allocated_; }
 
@@ -137,10 +144,11 @@ class StageRunner {
   static constexpr int kGradientBuffers = 2;   // input gradients being sent, in turn
   static constexpr int kSlotOwners = 1 << 20;  // send owners: slots below, gradient buffers from here
   int slot_of(int m);  // micro-batch m's activation slot, taken from the free ones at its first use
-  Tensor rows_of(const Tensor& t, const Transfer& piece) const;
+  Tensor piece_of(const Tensor& t, const Transfer& piece) const;  // the piece within this replica's rows
   // Sends owned by `owner` (a slot, or kSlots + a gradient buffer) must complete before its buffer is rewritten.
   void send(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag, int owner);
   void wait_sends(int owner);  // -1: all
+  // Receives this rank's pieces, then its TP group all-gathers the replica's whole tensor.
   void receive(const std::vector<Transfer>& pieces, const Tensor& t, uint32_t tag);
 
   GptConfig config_;
@@ -158,7 +166,8 @@ class StageRunner {
   int micro_batches_ = 0;
   std::vector<int> slot_holds_;  // per activation slot: the micro-batch it holds, or -1
   std::vector<Transfer> from_prev_, to_next_, from_next_, to_prev_;  // this rank's pieces at its boundaries
-  TiedExchange tied_;                                                // and its rows of the tied embedding
+  int64_t p2p_bytes_sent_ = 0;
+  TiedExchange tied_;           // and its rows of the tied embedding
   std::vector<Tensor> stash_;   // per slot: the stage's input activations (not on the first stage)
   std::vector<Tensor> tokens_;  // per slot: the first stage's tokens (the embedding's backward reads them)
   std::vector<Tensor> gout_;    // input gradients being sent, used in turn (not on the first stage)

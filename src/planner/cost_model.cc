@@ -117,17 +117,25 @@ double CostModel::head_backward_s(int chip, int tp, int b) const {
          tp_allreduce_s(chip, tp, b);
 }
 
-// Every TP rank of the receiving stage gets the whole activation from one sending rank (pipeline/runtime.h),
-// so each sender sends it ceil(tp_to / tp_from) times, in parallel with the others; between chip types without
-// device-direct RDMA it is copied to host memory and back on the way.
+// Partitioned (Megatron-LM's scatter-gather; pipeline/runtime.h's boundary_transfers): each receiving TP rank gets
+// its 1/tp_to of the activation, so each sending rank sends ceil(tp_to / tp_from) such chunks, all senders in
+// parallel over their own links; between chip types without device-direct RDMA each chunk is copied to host memory
+// and back on the way; then the receiving TP group all-gathers the whole over its node's links.
 double CostModel::transfer_s(int from, int tp_from, int to, int tp_to, int b) const {
   const GroupLink l = cluster_.link(from, to);
+  const double whole = static_cast<double>(b) * model_.seq_len * model_.hidden * k_.bytes.activation;
+  // One sending rank's share (pipeline/runtime.h's boundary_transfers).
   const double bytes =
-      static_cast<double>(b) * model_.seq_len * model_.hidden * k_.bytes.activation * ((tp_to + tp_from - 1) / tp_from);
+      tp_from > tp_to ? whole / (tp_from / tp_to * tp_to) : whole / tp_to * ((tp_to + tp_from - 1) / tp_from);
   double s = l.latency_us * 1e-6 + bytes / (l.bandwidth_gbps * 1e9);
   if (!l.device_direct) {
     s += bytes / (cluster_.chips[static_cast<size_t>(from)].host_link_gbps * 1e9) +
          bytes / (cluster_.chips[static_cast<size_t>(to)].host_link_gbps * 1e9);
+  }
+  if (tp_to > 1) {  // ring all-gather: (n - 1) / n of the whole in n - 1 steps
+    const NodeGroup& g = cluster_.group_of(to);
+    const double n = tp_to;
+    s += (n - 1) / n * whole / (g.intra_node_gbps * 1e9) + (n - 1) * g.intra_node_latency_us * 1e-6;
   }
   return s;
 }

@@ -55,7 +55,8 @@ class CostModel {
   double embedding_backward_s(int chip, int tp, int b) const;
   double head_forward_s(int chip, int tp, int b) const;  // final LayerNorm + logits + loss
   double head_backward_s(int chip, int tp, int b) const;
-  // One activation (or its gradient) from a stage on chip `from` with TP tp_from to one on `to` with tp_to.
+  // One activation (or its gradient) of b sequences from a stage on chip `from` with TP tp_from to one on `to` with
+  // tp_to: partitioned over the TP ranks, then all-gathered by the receiving group.
   double transfer_s(int from, int tp_from, int to, int tp_to, int b) const;
   // Gradient all-reduce over the stage's dp replicas of `params` parameters held per device.
   double dp_allreduce_s(int chip, int tp, int dp, double params_per_device) const;

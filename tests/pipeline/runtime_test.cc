@@ -40,6 +40,7 @@ AdamwParams hyper(int step) { return AdamwParams{.lr = 3e-3f, .weight_decay = 0.
 
 struct Curve {
   std::vector<float> losses;
+  std::map<int, int64_t> p2p_bytes;                       // by world rank, over all steps
   std::map<int, int64_t> recomputations;                  // by stage, over all steps (replica 0, TP rank 0)
   std::map<std::string, std::vector<float>> first_grads;  // by name, after step 1's reduction (no clipping)
 };
@@ -150,10 +151,9 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
             }
           }
         }
-        if (place.replica == 0 && place.t == 0) {
-          std::lock_guard<std::mutex> lock(mu);
-          run.recomputations[place.stage] = runner.recomputations();
-        }
+        std::lock_guard<std::mutex> lock(mu);
+        run.p2p_bytes[r] = runner.p2p_bytes_sent();
+        if (place.replica == 0 && place.t == 0) run.recomputations[place.stage] = runner.recomputations();
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }
@@ -289,6 +289,26 @@ TEST(PipelineRuntime, VocabularyParallelEmbeddingAndHeadAtTp2AndTp4) {
     for (float x : g) scale = std::max(scale, std::abs(x));
     for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(h[i], g[i], 1e-5f * scale + 1e-9f) << name << "[" << i << "]";
   }
+}
+
+// Partitioned pipeline sends (Megatron-LM's scatter-gather): at TP 2 -> TP 2 each sending rank sends half of a
+// micro-batch's activation — 4 rows x 16 positions x 32 channels x 4 B / 2 = 4 KiB per micro-batch — and the
+// receiving pair all-gathers; at TP 1 -> TP 2 the one sender sends both halves (8 KiB), and back (TP 2 -> TP 1) each
+// of the two senders half. Counted over 2 micro-batches x 20 steps, activations forward and gradients backward.
+TEST(PipelineRuntime, EachTensorParallelRankSendsItsShareOfABoundary) {
+  const Curve ref = reference(1.0);
+  const int64_t half = 4 * 16 * 32 * 4 / 2, total = 2 * kSteps;
+  const Curve tp2 = pipelined(
+      {.stages = {kFirst2, kLast2}, .backends = {"cpu", "cpu"}, .shapes = {{1, 2}, {1, 2}}, .micro_batches = 2}, 1.0);
+  expect_same_curve(ref, tp2);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(tp2.p2p_bytes.at(r), half * total) << "rank " << r;
+  const Curve mixed = pipelined(
+      {.stages = {kFirst2, kLast2}, .backends = {"cpu", "cpu"}, .shapes = {{1, 1}, {1, 2}}, .micro_batches = 2}, 1.0);
+  expect_same_curve(ref, mixed);
+  EXPECT_EQ(mixed.p2p_bytes.at(0), 2 * half * total);  // both halves of every activation
+  // Backward, TP 2 -> TP 1: the one receiver's chunk comes in two pieces, one from each sending rank.
+  EXPECT_EQ(mixed.p2p_bytes.at(1), half * total);
+  EXPECT_EQ(mixed.p2p_bytes.at(2), half * total);
 }
 
 TEST(PipelineRuntime, GradientsMatchTheUnpipelinedModel) {

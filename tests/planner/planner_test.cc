@@ -151,6 +151,11 @@ TEST(CostModel, MatchesClosedForms) {
   const double bytes = 1024.0 * 2048 * 2;
   EXPECT_NEAR(costs.transfer_s(0, 1, 1, 1, 1), 10e-6 + bytes / 5e9 + 2 * bytes / 25e9, 1e-12);
   EXPECT_NEAR(costs.transfer_s(0, 1, 2, 1, 1), 10e-6 + bytes / 10e9, 1e-12);
+  // Partitioned at TP 2 -> TP 2 (X -> Z, device-direct): each sender sends half (2 MiB) over the 10 GB/s link, then
+  // Z's pair all-gathers the 4 MiB over its 80 GB/s NVLink with 2 us: 1/2 x 4 MiB / 80 GB/s + 2 us.
+  EXPECT_NEAR(costs.transfer_s(0, 2, 2, 2, 1), 10e-6 + bytes / 2 / 10e9 + bytes / 2 / 80e9 + 2e-6, 1e-12);
+  // TP 1 -> TP 2: the one sender sends both halves.
+  EXPECT_NEAR(costs.transfer_s(0, 1, 2, 2, 1), 10e-6 + bytes / 10e9 + bytes / 2 / 80e9 + 2e-6, 1e-12);
 }
 
 TEST(Search, FitsNowhereSaysWhyAndByHowMuch) {
