@@ -24,6 +24,15 @@ std::optional<Recompute> parse_recompute(std::string_view name) {
   return std::nullopt;
 }
 
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "f32"; }
+
+std::optional<Precision> parse_precision(std::string_view name) {
+  for (Precision p : {Precision::kBf16, Precision::kF32}) {
+    if (name == precision_name(p)) return p;
+  }
+  return std::nullopt;
+}
+
 int64_t layer_params(const TransformerShape& s) {
   const int64_t C = s.hidden, qkv = C + 2 * s.kv_dim();
   const int64_t attention = C * qkv + qkv + C * C + C;    // c_attn and c_proj, weights and biases

@@ -219,6 +219,7 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
                          const LinkMeasurement& link) {
   Cluster out = cluster;
   out.name = cluster.name + "-profiled";
+  out.figures = Figures::kProfiled;
   for (const ChipMeasurement& m : chips) {
     ChipType& t = out.chips[static_cast<size_t>(out.chip_index(m.chip))];
     // The emulated chips run f32: the measured GEMM rate is their peak in both precisions, reached in full.

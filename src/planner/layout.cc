@@ -112,6 +112,15 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
   return s;
 }
 
+TrainSetup setup_of(const Plan& plan) {
+  TrainSetup t;
+  t.global_batch = plan.global_batch;
+  t.precision = plan.precision;
+  t.zero1 = plan.zero1;
+  t.micro_batches = {plan.micro_batch};
+  return t;
+}
+
 LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
   const TransformerShape& m = c.model();
   if (plan.shape.layers != m.layers || plan.shape.hidden != m.hidden || plan.shape.heads != m.heads ||

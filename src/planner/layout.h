@@ -32,6 +32,10 @@ struct LayoutSpec {
 // micro-batches, replicas dividing a micro-batch).
 LayoutSpec load_layout(const ConfigNode& root, const CostModel& costs);
 
+// The setup a plan was costed for: its global batch, precision, ZeRO-1 and micro-batch size (to cost it again
+// without the training file).
+TrainSetup setup_of(const Plan& plan);
+
 // The layout a plan runs (to cost it again with other figures); Error(kConfig) when the plan's model is not the
 // cost model's or its chip types are not in the cluster.
 LayoutSpec layout_spec_of(const Plan& plan, const CostModel& costs);

@@ -37,6 +37,8 @@ void visit_layout(S& p, F&& f) {
   f("dp", p.dp);
   f("schedule", p.schedule);
   f("chunks", p.chunks);
+  f("precision", p.precision);
+  f("zero1", p.zero1);
 }
 
 template <typename S, typename F>
@@ -81,6 +83,7 @@ struct Writer {
   nlohmann::ordered_json& j;
   void operator()(const char* name, Recompute r) const { j[name] = recompute_name(r); }
   void operator()(const char* name, ScheduleKind k) const { j[name] = schedule_name(k); }
+  void operator()(const char* name, Precision p) const { j[name] = precision_name(p); }
   template <typename T>
   void operator()(const char* name, const T& value) const {
     j[name] = value;
@@ -104,6 +107,12 @@ struct Reader {
     const std::optional<Recompute> parsed = v.is_string() ? parse_recompute(v.get<std::string>()) : std::nullopt;
     if (!parsed) fail(name, cat(v.dump(), " is not a recomputation; use \"none\", \"selective\" or \"full\""));
     r = *parsed;
+  }
+  void operator()(const char* name, Precision& p) const {
+    const nlohmann::json& v = at(name);
+    const std::optional<Precision> parsed = v.is_string() ? parse_precision(v.get<std::string>()) : std::nullopt;
+    if (!parsed) fail(name, cat(v.dump(), " is not a precision; use \"bf16\" or \"f32\""));
+    p = *parsed;
   }
   void operator()(const char* name, ScheduleKind& k) const {
     const nlohmann::json& v = at(name);

@@ -10,7 +10,7 @@
 
 namespace h2 {
 
-inline constexpr int kPlanVersion = 2;
+inline constexpr int kPlanVersion = 3;
 
 struct StagePlan {
   std::string chip;  // chip type name
@@ -46,7 +46,9 @@ struct Plan {
   int num_micro_batches = 1;  // per pipeline per step
   int dp = 1;                 // pipelines (a stage's own dp may differ: its replicas share the micro-batch's rows)
   ScheduleKind schedule = ScheduleKind::k1F1B;
-  int chunks = 1;  // virtual stages per rank (interleaved)
+  int chunks = 1;                          // virtual stages per rank (interleaved)
+  Precision precision = Precision::kBf16;  // the setup it was costed for (model/costs.h)
+  bool zero1 = true;                       // optimizer state sharded over each stage's replicas
   std::vector<StagePlan> stages;
   // Predictions.
   double step_s = 0, tokens_per_s = 0, mfu = 0, bubble_fraction = 0;

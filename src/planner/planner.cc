@@ -167,6 +167,8 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   plan.cluster = c.cluster().name;
   plan.shape = s;
   plan.global_batch = c.train().global_batch;
+  plan.precision = c.train().precision;
+  plan.zero1 = c.train().zero1;
   plan.micro_batch = b;
   plan.num_micro_batches = m;
   plan.dp = layout.dp;

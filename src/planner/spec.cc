@@ -96,10 +96,23 @@ Cluster Cluster::only(int chip) const {
 
 // Written with yaml-cpp's emitter, which quotes what needs quoting (a vendor named "Acme, Inc."), in the flow
 // style of the shipped examples: one line per chip, group and link.
+const char* figures_name(Figures f) {
+  switch (f) {
+    case Figures::kDatasheet:
+      return "datasheet";
+    case Figures::kProfiled:
+      return "profiled";
+    case Figures::kCalibrated:
+      return "calibrated";
+  }
+  return "?";
+}
+
 std::string cluster_to_yaml(const Cluster& c) {
   YAML::Emitter y;
   y.SetDoublePrecision(6);
   y << YAML::BeginMap << YAML::Key << "name" << YAML::Value << c.name;
+  y << YAML::Key << "figures" << YAML::Value << figures_name(c.figures);
   y << YAML::Key << "chips" << YAML::Value << YAML::BeginSeq;
   for (const ChipType& t : c.chips) {
     y << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << t.name << YAML::Key << "vendor"
@@ -142,9 +155,20 @@ std::string cluster_to_yaml(const Cluster& c) {
 }
 
 Cluster load_cluster(const ConfigNode& root) {
-  root.allow_only({"name", "chips", "groups", "links"});
+  root.allow_only({"name", "figures", "chips", "groups", "links"});
   Cluster c;
   c.name = root.get<std::string>("name", root.file());
+  if (auto f = root.find("figures")) {
+    const std::string v = f->as_string();
+    bool known = false;
+    for (Figures k : {Figures::kDatasheet, Figures::kProfiled, Figures::kCalibrated}) {
+      if (v == figures_name(k)) {
+        c.figures = k;
+        known = true;
+      }
+    }
+    if (!known) f->fail(cat("'", v, "' is not a source of figures; use datasheet, profiled or calibrated"));
+  }
   for (const ConfigNode& n : root.at("chips").items()) {
     n.allow_only({"name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
                   "attention_efficiency", "memory_gib", "memory_bandwidth_gbps", "memory_efficiency",
@@ -242,11 +266,10 @@ TrainSetup load_train_setup(const ConfigNode& root) {
   root.allow_only({"global_batch", "precision", "recompute", "zero1", "micro_batches", "max_tp"});
   TrainSetup t;
   t.global_batch = positive_int(root, "global_batch");
-  const std::string precision = root.get<std::string>("precision", "bf16");
-  if (precision == "f32") {
-    t.precision = Precision::kF32;
-  } else if (precision != "bf16") {
-    root.at("precision").fail("must be bf16 (bf16 compute, fp32 master weights and Adam) or f32 (all f32)");
+  if (auto p = root.find("precision")) {
+    const std::optional<Precision> v = parse_precision(p->as_string());
+    if (!v) p->fail("must be bf16 (bf16 compute, fp32 master weights and Adam) or f32 (all f32)");
+    t.precision = *v;
   }
   if (auto r = root.find("recompute")) {
     t.allowed_recompute.clear();

@@ -66,8 +66,14 @@ struct GroupLink {
   bool device_direct = false;  // RDMA straight from device memory; false: staged through host memory
 };
 
+// Where a cluster file's figures come from: a datasheet (the default), `h2 profile` on the chips themselves, or
+// `h2 calibrate` from a measured run. Emulated chips follow only measured figures (pipeline/cluster_job.h).
+enum class Figures { kDatasheet, kProfiled, kCalibrated };
+const char* figures_name(Figures f);  // "datasheet", "profiled", "calibrated"
+
 struct Cluster {
   std::string name;
+  Figures figures = Figures::kDatasheet;
   std::vector<ChipType> chips;
   std::vector<NodeGroup> groups;  // one per chip type, in chip order
   std::vector<GroupLink> links;
@@ -80,10 +86,6 @@ struct Cluster {
   // A cluster of only the devices of chip `chip` (for the per-type baselines).
   Cluster only(int chip) const;
 };
-
-// bf16: bf16 compute with fp32 master weights and Adam moments (mixed precision); f32: everything in f32, as
-// H2's own runtime trains today.
-enum class Precision { kBf16, kF32 };
 
 struct TrainSetup {
   int64_t global_batch = 0;  // sequences per optimizer step

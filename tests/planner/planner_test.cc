@@ -274,7 +274,7 @@ TEST(Plan, JsonRoundTripAndVersion) {
   const Plan back = Plan::from_json(plan.to_json(), "p.json");
   EXPECT_EQ(back.to_json(), plan.to_json());
   std::string text = plan.to_json();
-  text.replace(text.find("\"version\": 2"), 12, "\"version\": 9");
+  text.replace(text.find("\"version\": 3"), 12, "\"version\": 9");
   EXPECT_THAT(error_of([&] { Plan::from_json(text, "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: plan version 9"));
   EXPECT_THAT(error_of([&] { Plan::from_json("{\"format\": \"h2-plan\"}", "p.json"); }, ErrorCode::kConfig),
@@ -289,6 +289,10 @@ TEST(Plan, JsonRoundTripAndVersion) {
   EXPECT_THAT(error_of([&] { Plan::from_json(bad, "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: field 'stages[0].tp': expected an integer, got \"two\""));
   EXPECT_THAT(error_of([&] { Plan::from_json("[1]", "p.json"); }, ErrorCode::kConfig), HasSubstr("not an H2 plan"));
+  bad = plan.to_json();
+  bad.replace(bad.find("\"precision\": \""), 14, "\"precision\": \"fp8\", \"z\": \"");
+  EXPECT_THAT(error_of([&] { Plan::from_json(bad, "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: field 'precision': \"fp8\" is not a precision"));
 }
 
 }  // namespace
