@@ -18,7 +18,7 @@ void register_check(CLI::App& app, Command& selected);
 void register_devices(CLI::App& app, Command& selected);
 // `h2 data prepare`, `h2 train`, `h2 sample`.
 void register_train(CLI::App& app, Command& selected);
-// `h2 plan`, `h2 simulate`.
+// `h2 plan`, `h2 simulate`, `h2 calibrate`.
 void register_plan(CLI::App& app, Command& selected);
 // `h2 train --cluster`: the driver or one rank (pipeline/cluster_job.h); hetero_train_cmd.cc.
 struct HeteroTrainCmd {

@@ -1,5 +1,6 @@
 // `h2 plan` and `h2 simulate`: HeteroAuto's search and the event-driven simulator.
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "core/config.h"
@@ -7,6 +8,7 @@
 #include "core/file.h"
 #include "planner/layout.h"
 #include "planner/report.h"
+#include "sim/calibrate.h"
 #include "sim/simulator.h"
 
 namespace h2::cli {
@@ -69,17 +71,17 @@ struct SimCmd {
 };
 
 int run_simulate(const SimCmd& s) {
-  if (!s.cluster.empty() && (s.model.empty() || s.train.empty())) {
-    throw Error(ErrorCode::kInvalidArgument, "h2 simulate --cluster needs --model and --train too");
-  }
   Plan plan = load_plan(s.plan);
-  if (!s.cluster.empty()) {  // re-cost the plan's layout with these figures
-    const PlanningInputs in = load_planning_inputs(s.cluster, s.model, s.train);
-    const CostModel costs(in.cluster, in.model, in.train);
+  if (!s.cluster.empty()) {  // re-cost the plan's layout with these figures (and its own model and setup)
+    const Cluster cluster = load_cluster(ConfigNode::load_file(s.cluster));
+    const TransformerShape model = s.model.empty() ? plan.shape : load_model(ConfigNode::load_file(s.model));
+    const TrainSetup train = s.train.empty() ? setup_of(plan) : load_train_setup(ConfigNode::load_file(s.train));
+    const CostModel costs(cluster, model, train);
     const std::string name = plan.model;
     plan = cost_layout(costs, layout_spec_of(plan, costs));
     plan.model = name;
-    plan.why = cat("re-costed from ", s.cluster, ", ", s.model, ", ", s.train);
+    plan.why =
+        cat("re-costed from ", s.cluster, s.model.empty() ? "" : ", " + s.model, s.train.empty() ? "" : ", " + s.train);
     std::printf("%s: the layout of %s re-costed with %s\n", s.plan.c_str(), s.plan.c_str(), s.cluster.c_str());
   }
   SimOptions options{.chunks = s.chunks};
@@ -92,6 +94,21 @@ int run_simulate(const SimCmd& s) {
     std::printf("wrote %s (open in ui.perfetto.dev or chrome://tracing)\n", s.trace.c_str());
   }
   return r.fits() ? 0 : 1;
+}
+
+struct CalibrateCmd {
+  std::string run_dir, cluster, out;
+};
+
+int run_calibrate(const CalibrateCmd& o) {
+  const Calibration c = calibrate_run(o.run_dir, o.cluster);
+  std::fputs(format_calibration(c).c_str(), stdout);
+  const std::string out =
+      o.out.empty() ? (std::filesystem::path(o.run_dir) / "cluster_calibrated.yaml").string() : o.out;
+  write_file_atomic(out,
+                    "# Calibrated by h2 calibrate from the run in " + o.run_dir + "\n" + cluster_to_yaml(c.cluster));
+  std::printf("wrote %s (plan or cost a layout with it: h2 plan --cluster %s ...)\n", out.c_str(), out.c_str());
+  return 0;
 }
 
 }  // namespace
@@ -126,10 +143,19 @@ void register_plan(CLI::App& app, Command& selected) {
   sim->add_option("--chunks", s->chunks, "virtual stages per rank for interleaved (default: the plan's, or 2)")
       ->check(CLI::PositiveNumber);
   sim->add_option("--trace", s->trace, "write a Chrome/Perfetto trace JSON here");
-  sim->add_option("--cluster", s->cluster, "re-cost the plan's layout with this cluster file (needs --model, --train)");
-  sim->add_option("--model", s->model, "with --cluster: the model file")->needs("--cluster");
-  sim->add_option("--train", s->train, "with --cluster: the training setup file")->needs("--cluster");
+  sim->add_option("--cluster", s->cluster, "re-cost the plan's layout with this cluster file");
+  sim->add_option("--model", s->model, "with --cluster: another model file (default: the plan's model)")
+      ->needs("--cluster");
+  sim->add_option("--train", s->train, "with --cluster: another training setup file (default: the plan's setup)")
+      ->needs("--cluster");
   sim->callback([s, &selected] { selected = [s] { return run_simulate(*s); }; });
+
+  CLI::App* cal = app.add_subcommand("calibrate", "Fit the cluster file's figures to what a run measured");
+  auto c = std::make_shared<CalibrateCmd>();
+  cal->add_option("run_dir", c->run_dir, "the out_dir of a finished h2 train --cluster")->required();
+  cal->add_option("--cluster", c->cluster, "the figures to start from (default: the run's cluster.yaml)");
+  cal->add_option("--out", c->out, "write the calibrated cluster file here (default: RUN_DIR/cluster_calibrated.yaml)");
+  cal->callback([c, &selected] { selected = [c] { return run_calibrate(*c); }; });
 }
 
 }  // namespace h2::cli

@@ -22,6 +22,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The figures the plan was made with, beside it (h2 calibrate starts from them).
+void write_cluster_file(const Cluster& cluster, const std::string& from, const std::string& out_dir) {
+  write_file_atomic((fs::path(out_dir) / "cluster.yaml").string(),
+                    cat("# The figures this run was planned on (from ", from, ")\n", cluster_to_yaml(cluster)));
+}
+
 }  // namespace
 
 ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume) {
@@ -71,6 +77,7 @@ int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool
   if (external && env.rank == 0) {
     fs::create_directories(in.run.config.out_dir);
     save_plan(in.run.plan, (fs::path(in.run.config.out_dir) / "plan.json").string());
+    write_cluster_file(in.run.cluster, files.cluster, in.run.config.out_dir);
   }
   const RankOutcome r = run_rank(in.run, *job, quiet, &stop);
   if (external && env.rank == 0 && !r.interrupted) {
@@ -94,6 +101,13 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
                                profiled, options.profile_rank_command});
     planned_on = load_cluster(ConfigNode::load_file(profiled));
   }
+  if (files.plan.empty() && planned_on.figures == Figures::kDatasheet) {
+    std::printf(
+        "warning: %s holds datasheet figures, which the emulated chips on this host do not follow (they run at "
+        "speeds relative to this host's cores): the predicted times will not be the measured ones. Plan on measured "
+        "figures with --profile, or calibrate afterwards: h2 calibrate %s\n",
+        files.cluster.c_str(), out_dir.c_str());
+  }
   const CostModel costs(planned_on, in.shape, in.setup);
   if (files.plan.empty()) {
     in.run.plan = plan_training(costs, PlannerOptions{});
@@ -106,6 +120,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   const int ranks = stage_layout_of(in.run.plan).world_size();
   const std::string plan_path = (fs::path(out_dir) / "plan.json").string();
   save_plan(in.run.plan, plan_path);
+  write_cluster_file(planned_on, files.cluster, out_dir);
   std::printf("launching %d ranks (one per device; emulated chips on this host); outputs in %s\n", ranks,
               out_dir.c_str());
   std::fflush(stdout);

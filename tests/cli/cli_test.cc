@@ -331,6 +331,22 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("\"0F0\""));
   EXPECT_THAT(text, HasSubstr("\"1B0\""));
+  // The cluster file's datasheet figures are not what emulated chips follow: said, with the fixes.
+  EXPECT_THAT(full.output, HasSubstr("holds datasheet figures, which the emulated chips on this host do not follow"));
+  // h2 calibrate fits the figures the run was planned on (its cluster.yaml) to its trace and writes a cluster
+  // file the planner reads; each fitted class is then predicted as measured (the fit's own accuracy is in
+  // sim/calibrate_test.cc, against planted figures).
+  const Result cal = run_h2("calibrate " + dir_ + "/full --out " + dir_ + "/calibrated.yaml");
+  ASSERT_EQ(cal.status, 0) << cal.output;
+  EXPECT_THAT(cal.output, HasSubstr("slow compute (forward + backward): x"));
+  EXPECT_THAT(cal.output, HasSubstr("step (simulated)"));
+  const Cluster calibrated = load_cluster(ConfigNode::load_file(dir_ + "/calibrated.yaml"));
+  EXPECT_EQ(calibrated.figures, Figures::kCalibrated);
+  const Result replanned = run_h2("simulate " + dir_ + "/full/plan.json --cluster " + dir_ + "/calibrated.yaml");
+  EXPECT_EQ(replanned.status, 0) << replanned.output;
+  const Result missing = run_h2("calibrate " + dir_ + "/nowhere");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_THAT(missing.output, HasSubstr(dir_ + "/nowhere/plan.json does not exist"));
 
   // Rank 1 dies in step 5: the job stops naming it; step 4's checkpoint is the latest and intact.
   const Result killed = run_h2(command(), "H2_FAULT_KILL=1:5");

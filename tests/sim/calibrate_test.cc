@@ -1,0 +1,193 @@
+// h2 calibrate: reading a measured trace (against values worked out by hand) and recovering figures planted in a
+// synthetic run (the reference is the planted figures, not the fit).
+#include "sim/calibrate.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "planner/fixtures.h"
+#include "planner/layout.h"
+#include "sim/simulator.h"
+
+namespace h2 {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::cluster_of;
+
+// One complete event as the runtime writes it (microseconds).
+nlohmann::json event(const std::string& name, int rank, double start_ms, double dur_ms) {
+  return {{"name", name}, {"ph", "X"}, {"pid", rank}, {"tid", 0}, {"ts", start_ms * 1e3}, {"dur", dur_ms * 1e3}};
+}
+
+Plan two_stage_plan() {
+  Plan plan;
+  plan.num_micro_batches = 2;
+  plan.shape.tied_embeddings = true;
+  plan.stages.resize(2);
+  return plan;
+}
+
+TEST(Calibrate, ReadsEachClassAsTrainMeasuresItsStep) {
+  // Stage 0 on rank 0, stage 1 on ranks 1 and 2; 2 micro-batches, 4 steps, the first two of them warm-up.
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}});  // metadata: skipped
+  const double f0[4][2] = {{100, 100}, {100, 100}, {4, 6}, {8, 10}};
+  const double optim0[4] = {50, 50, 30, 34};
+  const double reduce0[4] = {10, 30, 12, 14}, reduce1[4] = {20, 11, 25, 13};
+  for (int k = 0; k < 4; ++k) {
+    const double t = 1000.0 * k;
+    for (int j = 0; j < 2; ++j) {
+      events.push_back(event(cat("0F", j), 0, t + j, f0[k][j]));
+      events.push_back(event(cat("0B", j), 0, t + 10 + j, 20));
+      events.push_back(event(cat("1F", j), 1, t + j, 40));
+      events.push_back(event(cat("1F", j), 2, t + j, 44));
+      events.push_back(event(cat("1SEND_B", j), 1, t + j, 999));  // not a fitted class
+      for (int r : {1, 2}) events.push_back(event(cat("1B", j), r, t + 20 + j, 60));
+    }
+    // Stage 0 reaches the exchange later in steps 2 and 3 (after the warm-up), stage 1 in steps 0 and 1.
+    const bool first_later = k >= 2;
+    events.push_back(event("0REDUCE_GRAD", 0, t + (first_later ? 500 : 400), reduce0[k]));
+    for (int r : {1, 2}) events.push_back(event("1REDUCE_GRAD", r, t + (first_later ? 400 : 500), reduce1[k]));
+    events.push_back(event("0OPTIM", 0, t + 600, optim0[k]));
+    for (int r : {1, 2}) events.push_back(event("1OPTIM", r, t + 600, 7));
+  }
+  const MeasuredRun m =
+      read_measured_run(nlohmann::json{{"traceEvents", events}}.dump(), two_stage_plan(), 2.5, "trace.json");
+  ASSERT_EQ(m.stages.size(), 2u);
+  // Steps 2 and 3: per-step means over micro-batches 5 and 9 ms, their mean 7 ms.
+  EXPECT_NEAR(m.stages[0].forward_s, 7e-3, 1e-12);
+  EXPECT_NEAR(m.stages[0].backward_s, 20e-3, 1e-12);
+  EXPECT_NEAR(m.stages[0].optimizer_s, 32e-3, 1e-12);  // (30 + 34) / 2
+  EXPECT_NEAR(m.stages[0].reduce_s, 13e-3, 1e-12);     // (12 + 14) / 2
+  EXPECT_NEAR(m.stages[1].forward_s, 42e-3, 1e-12);    // the mean of ranks 1 (40) and 2 (44)
+  EXPECT_NEAR(m.stages[1].backward_s, 60e-3, 1e-12);
+  EXPECT_NEAR(m.stages[1].reduce_s, 19e-3, 1e-12);  // (25 + 13) / 2: includes waiting for stage 0
+  EXPECT_EQ(m.tied_last_end, 0);
+  EXPECT_DOUBLE_EQ(m.step_s, 2.5);
+}
+
+TEST(Calibrate, RejectsATraceOfAnotherPlan) {
+  nlohmann::json events = {event("5F0", 0, 0, 1)};
+  try {
+    read_measured_run(nlohmann::json{{"traceEvents", events}}.dump(), two_stage_plan(), 1, "run/trace.json");
+    FAIL() << "a trace naming stage 5 of a 2-stage plan was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("run/trace.json"));
+    EXPECT_THAT(e.what(), HasSubstr("names stage 5; the plan has 2"));
+  }
+  try {
+    read_measured_run(R"({"traceEvents": [)", two_stage_plan(), 1, "run/trace.json");
+    FAIL() << "a broken trace was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("run/trace.json: not a JSON trace"));
+  }
+  events = {event("0F0", 0, 0, 1), event("0F1", 0, 1, 1), event("0B0", 0, 2, 1), event("0B1", 0, 3, 1),
+            event("0OPTIM", 0, 4, 1)};
+  try {
+    read_measured_run(nlohmann::json{{"traceEvents", events}}.dump(), two_stage_plan(), 1, "run/trace.json");
+    FAIL() << "a trace without stage 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("stage 1 has no forward"));
+  }
+}
+
+// Three chip types, no fixed per-kernel cost (so that a chip's compute and its memory bandwidth act on separate
+// kernels and each planted factor has one answer).
+constexpr const char* kCluster = R"(
+name: three
+chips:
+  - {name: X, peak_tflops: 100, efficiency: 0.5, memory_gib: 16, memory_bandwidth_gbps: 1000, kernel_overhead_us: 0}
+  - {name: Y, peak_tflops: 40, efficiency: 0.5, memory_gib: 32, memory_bandwidth_gbps: 500, kernel_overhead_us: 0}
+  - {name: Z, peak_tflops: 60, efficiency: 0.5, memory_gib: 32, memory_bandwidth_gbps: 800, kernel_overhead_us: 0}
+groups:
+  - {chip: X, nodes: 1, chips_per_node: 2, intra_node_gbps: 100, nic_gbps: 10}
+  - {chip: Y, nodes: 1, chips_per_node: 2, intra_node_gbps: 50, nic_gbps: 10}
+  - {chip: Z, nodes: 2, chips_per_node: 1, intra_node_gbps: 80, nic_gbps: 20}
+links:
+  - {between: [X, Y], bandwidth_gbps: 5, latency_us: 10}
+  - {between: [X, Z], bandwidth_gbps: 10, latency_us: 10}
+  - {between: [Y, Z], bandwidth_gbps: 5, latency_us: 10}
+)";
+
+// The trace a run of `truth` (a plan costed with the true figures) writes: every rank of every stage, 3 steps,
+// the forward and backward of each micro-batch, then REDUCE_GRAD (DP all-reduce and tied exchange; the first
+// stage reaches the exchange 5 ms early and waits) and OPTIM.
+std::string synthetic_trace(const Plan& truth) {
+  nlohmann::json events = nlohmann::json::array();
+  int rank = 0;
+  for (size_t i = 0; i < truth.stages.size(); ++i) {
+    const StagePlan& s = truth.stages[i];
+    for (int d = 0; d < s.devices(); ++d, ++rank) {
+      for (int k = 0; k < 3; ++k) {
+        double t = 1e5 * k;
+        for (int j = 0; j < truth.num_micro_batches; ++j) {
+          events.push_back(event(cat(i, "F", j), rank, t, s.forward_s * 1e3));
+          t += s.forward_s * 1e3;
+          events.push_back(event(cat(i, "B", j), rank, t, s.backward_s * 1e3));
+          t += s.backward_s * 1e3;
+        }
+        const double wait = i == 0 ? 5 : 0;
+        const double reduce = (s.dp_allreduce_s + s.tied_allreduce_s) * 1e3;
+        events.push_back(event(cat(i, "REDUCE_GRAD"), rank, 1e5 * k + 5e4 - wait, reduce + wait));
+        events.push_back(event(cat(i, "OPTIM"), rank, 1e5 * k + 6e4, s.optimizer_s * 1e3));
+      }
+    }
+  }
+  return nlohmann::json{{"traceEvents", events}}.dump();
+}
+
+TEST(Calibrate, RecoversFiguresPlantedInASyntheticRun) {
+  const Cluster start = cluster_of(kCluster);
+  // Y (first stage, DP 2 with the embedding), Z (middle, DP 2 across its two nodes), X (last, TP 2 with the head).
+  const TransformerShape model = testing_util::small_model(4);
+  const TrainSetup setup{.global_batch = 8, .zero1 = false, .micro_batches = {2}};
+  LayoutSpec spec;
+  spec.layout.micro_batch = 2;
+  spec.layout.stages = {{.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}, {.chip = 0, .tp = 2, .dp = 1}};
+  spec.layers = {1, 2, 1};
+  spec.recompute = {Recompute::kNone, Recompute::kNone, Recompute::kNone};
+  const Plan plan = cost_layout(CostModel(start, model, setup), spec);
+  ASSERT_EQ(plan.stages.size(), 3u);
+  ASSERT_GT(plan.stages[1].dp_allreduce_s, 0);
+  ASSERT_GT(plan.stages[0].tied_allreduce_s, 0);
+
+  // The truth: Y computes at 0.6 of its figure, X's memory streams at half, Z's network at a quarter, the X-Y link
+  // (the tied exchange's) at a tenth.
+  Cluster truth = start;
+  truth.chips[1].peak_tflops *= 0.6;
+  truth.chips[0].memory_bandwidth_gbps *= 0.5;
+  truth.groups[2].intra_node_gbps *= 0.25;
+  truth.groups[2].nic_gbps *= 0.25;
+  truth.links[0].bandwidth_gbps *= 0.1;
+  const Plan truth_plan = cost_layout(CostModel(truth, model, setup), spec);
+  const double truth_step = simulate(truth_plan).step_s;
+
+  const MeasuredRun measured = read_measured_run(synthetic_trace(truth_plan), plan, truth_step, "synthetic");
+  EXPECT_EQ(measured.tied_last_end, 2);
+  const Calibration c = calibrate(plan, start, measured);
+  EXPECT_EQ(c.cluster.figures, Figures::kCalibrated);
+  const double tol = 1e-3;
+  EXPECT_NEAR(c.cluster.chips[1].peak_tflops / truth.chips[1].peak_tflops, 1, tol);
+  EXPECT_NEAR(c.cluster.chips[0].memory_bandwidth_gbps / truth.chips[0].memory_bandwidth_gbps, 1, tol);
+  EXPECT_NEAR(c.cluster.groups[2].nic_gbps / truth.groups[2].nic_gbps, 1, tol);
+  EXPECT_NEAR(c.cluster.links[0].bandwidth_gbps / truth.links[0].bandwidth_gbps, 1, tol);
+  // What was right stays right.
+  EXPECT_NEAR(c.cluster.chips[0].peak_tflops / start.chips[0].peak_tflops, 1, tol);
+  EXPECT_NEAR(c.cluster.chips[2].memory_bandwidth_gbps / start.chips[2].memory_bandwidth_gbps, 1, tol);
+  EXPECT_NEAR(c.cluster.links[1].bandwidth_gbps / start.links[1].bandwidth_gbps, 1, tol);
+  // Every class and the step predicted as measured afterwards; the step was off before.
+  for (const CalibrationRow& r : c.rows) {
+    if (r.what.find("wait") != std::string::npos) continue;  // includes the 5 ms wait, which the replay places
+    EXPECT_NEAR(r.after_s / r.measured_s, 1, tol) << r.what;
+  }
+  EXPECT_EQ(c.rows.back().what, "step (simulated)");
+  EXPECT_LT(c.rows.back().before_s / truth_step, 0.8);
+  EXPECT_THAT(format_calibration(c), HasSubstr("Y compute (forward + backward): x0.6"));
+}
+
+}  // namespace
+}  // namespace h2
