@@ -80,6 +80,32 @@ MeasuredRun read_measured_run(const std::string& trace_json, const Plan& plan, d
     if (cls < 0) continue;
     by[{cls, a.stage, e.value("pid", 0)}].emplace_back(e.value("ts", 0.0) * 1e-6, e.value("dur", 0.0) * 1e-6);
   }
+  // An optimizer step begins with the global gradient norm, which every rank agrees on: a rank that reaches OPTIM
+  // early waits there for the last. Its work is what follows the last rank's arrival (plan.h, end_of_step).
+  std::map<int, std::vector<std::pair<double, double>*>> optim_of_rank;  // rank -> its OPTIM events
+  for (auto& [key, list] : by) {
+    if (std::get<0>(key) != kOptim) continue;
+    std::sort(list.begin(), list.end());
+    for (auto& ev : list) optim_of_rank[std::get<2>(key)].push_back(&ev);
+  }
+  std::vector<double> arrival;  // per step, the last rank's arrival at OPTIM
+  for (auto& [rank, list] : optim_of_rank) {
+    std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->first < b->first; });
+    for (size_t k = 0; k < list.size() / static_cast<size_t>(plan.chunks); ++k) {
+      if (arrival.size() <= k) arrival.push_back(0);
+      arrival[k] = std::max(arrival[k], list[k * static_cast<size_t>(plan.chunks)]->first);
+    }
+  }
+  for (auto& [rank, list] : optim_of_rank) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const size_t k = i / static_cast<size_t>(plan.chunks);
+      if (k >= arrival.size()) continue;
+      auto& [start, dur] = *list[i];
+      const double end = start + dur, from = std::max(start, arrival[k]);
+      dur = std::max(0.0, end - from);
+      start = from;
+    }
+  }
   // Per class and physical stage, one value per step: per rank its chunks' actions of the step summed (forward and
   // backward: averaged over the step's micro-batches), then the mean over the stage's ranks.
   // `start`: per step, when the stage's first chunk began it (the latest of its ranks).

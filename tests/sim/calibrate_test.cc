@@ -115,7 +115,7 @@ links:
 
 // The trace a run of `truth` (a plan costed with the true figures) writes: every rank of every stage, 3 steps,
 // the forward and backward of each micro-batch, then REDUCE_GRAD (DP all-reduce and tied exchange; the first
-// stage reaches the exchange 5 ms early and waits) and OPTIM.
+// stage reaches the exchange 5 ms early and waits) and OPTIM (the last stage 3 ms early, waiting for the norm).
 std::string synthetic_trace(const Plan& truth) {
   nlohmann::json events = nlohmann::json::array();
   int rank = 0;
@@ -133,7 +133,9 @@ std::string synthetic_trace(const Plan& truth) {
         const double wait = i == 0 ? 5 : 0;
         const double reduce = (s.dp_allreduce_s + s.tied_allreduce_s) * 1e3;
         events.push_back(event(cat(i, "REDUCE_GRAD"), rank, 1e5 * k + 5e4 - wait, reduce + wait));
-        events.push_back(event(cat(i, "OPTIM"), rank, 1e5 * k + 6e4, s.optimizer_s * 1e3));
+        // The last stage reaches the optimizer 3 ms early and waits there for the global gradient norm.
+        const double early = i + 1 == truth.stages.size() ? 3 : 0;
+        events.push_back(event(cat(i, "OPTIM"), rank, 1e5 * k + 6e4 - early, s.optimizer_s * 1e3 + early));
       }
     }
   }
