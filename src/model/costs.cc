@@ -70,7 +70,7 @@ std::vector<OpWork> block_ops(const TransformerShape& s, int64_t B, int64_t T, i
   if (!backward) {
     return {{"ln_1", OpClass::kMemory, 0, 2 * N * C * e + stats},
             gemm("c_attn", C, Q / t, 1),
-            {"attention", OpClass::kAttention, core, (N * Q / t + N * C / t) * e + 2 * att * e},
+            {"attention", OpClass::kAttentionForward, core, (N * Q / t + N * C / t) * e + 2 * att * e},
             gemm("attn.c_proj", C / t, C, 1),
             {"residual", OpClass::kMemory, 0, 3 * N * C * e},
             {"ln_2", OpClass::kMemory, 0, 2 * N * C * e + stats},

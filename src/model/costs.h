@@ -58,9 +58,10 @@ double head_forward_flops(const TransformerShape& s, int64_t T);  // logits: 2 T
 // --- the work of each kernel, as the GPT runs them (gpt.cc), per micro-batch of B sequences of length T on one
 // of tp tensor-parallel ranks: what the cost model turns into time on a chip (a roofline per kernel) ---
 enum class OpClass {
-  kMatmul,     // a GEMM (and its bias): compute-bound when large
-  kAttention,  // the attention core (Q K^T, softmax, P V): its own achievable rate
-  kMemory,     // element-wise and row-wise ops: bound by memory bandwidth
+  kMatmul,            // a GEMM (and its bias): compute-bound when large
+  kAttention,         // the attention core's backward: its own achievable rate
+  kAttentionForward,  // its forward (Q K^T, softmax, P V; what selective recomputation repeats): its own rate
+  kMemory,            // element-wise and row-wise ops: bound by memory bandwidth
 };
 struct OpWork {
   const char* name;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/hash.h"
 #include "core/rng.h"
@@ -409,11 +410,16 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
   const BlockActs& a = acts().blocks[static_cast<size_t>(b)];
   // Recomputation: the whole block's forward (kFull, into the shared buffers; the row-parallel all-reduces run
   // again), or only its attention probabilities (kSelective), from what the slot kept.
-  if (policy_.recompute == Recompute::kFull) {
-    block_forward(b, x);
-    ++recomputed_;
-  } else if (policy_.recompute == Recompute::kSelective) {
-    ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
+  if (policy_.recompute != Recompute::kNone) {
+    device_->synchronize();
+    const double start = monotonic_seconds();
+    if (policy_.recompute == Recompute::kFull) {
+      block_forward(b, x);
+    } else {
+      ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
+    }
+    device_->synchronize();
+    recompute_s_ += monotonic_seconds() - start;
     ++recomputed_;
   }
   auto g = [&](const Tensor& value) { return grad_of(value); };

@@ -157,6 +157,9 @@ class Gpt {
   int activation_slots() const { return policy_.slots; }
   // Blocks whose forward (kFull) or attention core (kSelective) backward has recomputed so far.
   int64_t recomputed_blocks() const { return recomputed_; }
+  // Seconds those recomputations took, the device synchronized before and after each (the figure the cost model's
+  // recomputation term predicts).
+  double recompute_seconds() const { return recompute_s_; }
   // What the constructor allocated on the device, measured by the allocator in costs.h's terms (weights, grads,
   // activations per slot, recompute, grad_scratch, and the head's loss statistics under TP as comm).
   const StageMemory& allocated() const { return allocated_; }
@@ -201,6 +204,7 @@ class Gpt {
   std::vector<Activations> slots_;
   int slot_ = 0;
   int64_t recomputed_ = 0;
+  double recompute_s_ = 0;
   StageMemory allocated_;
   BlockActs shared_;  // what kSelective (att) and kFull (all but res3) recompute into, shared by blocks and slots
   // Gradient scratch, reused by every block; the vocabulary-parallel loss's per-row statistics.

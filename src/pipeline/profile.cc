@@ -50,6 +50,9 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   copy_from_host(targets, ids.data());
   Gpt block(config, dev, GptRange{false, 0, 1, false}, B, T);
   block.init(1);
+  Gpt selective(config, dev, GptRange{false, 0, 1, false}, B, T, {},
+                ActivationPolicy{.recompute = Recompute::kSelective});
+  selective.init(1);
   Gpt head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
   head.init(1);
   // The model's GEMMs (k -> n columns over N rows) at TP 1 and 2, and the attention core at both.
@@ -68,13 +71,13 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   struct Attention {
     Tensor qkv, out, att, dqkv;
     int heads;
-    double flops;  // forward + backward: 3 x 2 B T^2 C / tp
+    double flops;  // forward: 2 B T^2 C / tp (Q K^T and P V over the causal half); the backward twice that
   };
   std::vector<Attention> attentions;
   for (int tp : {1, 2}) {
     attentions.push_back({random({B, T, 3 * C / tp}, 1.0f), dev.empty(DType::kF32, {B, T, C / tp}),
                           dev.empty(DType::kF32, {B, NH / tp, T, T}), dev.empty(DType::kF32, {B, T, 3 * C / tp}),
-                          NH / tp, 3.0 * 2.0 * N * T * C / tp});
+                          NH / tp, 2.0 * N * T * C / tp});
   }
   Tensor tiny = dev.zeros(DType::kF32, {1});
   // The optimizer step as every trainer takes it (train/optimizer.h: norm, clipping, AdamW), over the head's
@@ -93,7 +96,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   // Rounds of every measurement until kRounds are done and min_seconds have passed (the first round warms up);
   // the medians are the measurements.
   constexpr int kRounds = 5;
-  std::vector<double> overhead, attention_s, layer, head_s, optim;
+  std::vector<double> overhead, attention_s, attention_forward_s, layer, head_s, optim;
   std::vector<std::vector<double>> gemm_s(gemms.size());
   const double start = monotonic_seconds();
   for (int round = 0; round <= kRounds || monotonic_seconds() - start < min_seconds; ++round) {
@@ -107,11 +110,11 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
         ops::matmul_backward(m.din, m.dw, Tensor(), m.out, m.in, m.w);
       }));
     }
+    const double af = timed([&] {
+      for (const Attention& m : attentions) ops::attention_forward(m.out, m.att, m.qkv, m.heads);
+    });
     const double a = timed([&] {
-      for (const Attention& m : attentions) {
-        ops::attention_forward(m.out, m.att, m.qkv, m.heads);
-        ops::attention_backward(m.dqkv, m.out, m.qkv, m.att, m.heads);
-      }
+      for (const Attention& m : attentions) ops::attention_backward(m.dqkv, m.out, m.qkv, m.att, m.heads);
     });
     const double l = timed([&] {
       block.forward(x);
@@ -127,6 +130,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     overhead.push_back(o / kTiny);
     for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]);
     attention_s.push_back(a);
+    attention_forward_s.push_back(af);
     layer.push_back(l);
     head_s.push_back(h);
     optim.push_back(p);
@@ -144,16 +148,28 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   m.matmul_flops = all_flops / all_seconds;
   double attention_flops = 0;
   for (const Attention& a : attentions) attention_flops += a.flops;
-  m.attention_flops =
-      attention_flops / std::max(1e-9, median(attention_s) - 2.0 * attentions.size() * m.kernel_overhead_s);
+  const double fixed = static_cast<double>(attentions.size()) * m.kernel_overhead_s;
+  m.attention_flops = 2 * attention_flops / std::max(1e-9, median(attention_s) - fixed);
+  m.attention_forward_flops = attention_flops / std::max(1e-9, median(attention_forward_s) - fixed);
   m.memory_gbps = CostConstants::f32().optimizer_traffic_bytes * static_cast<double>(n) / median(optim) / 1e9;
   m.layer_s = median(layer);
   m.head_s = median(head_s);
+  // Selective recomputation's cost as the model times it inside a selective block's backward (the median of
+  // kRounds, after one to warm up).
+  std::vector<double> recompute;
+  for (int round = 0; round <= kRounds; ++round) {
+    selective.forward(x);
+    const double before = selective.recompute_seconds();
+    selective.backward(dout);
+    if (round > 0) recompute.push_back(selective.recompute_seconds() - before);
+  }
+  m.recompute_s = median(recompute);
   return m;
 }
 
 std::vector<double> measurement_figures(const ChipMeasurement& m) {
-  std::vector<double> f = {m.kernel_overhead_s, m.matmul_flops, m.attention_flops, m.memory_gbps, m.layer_s, m.head_s};
+  std::vector<double> f = {m.kernel_overhead_s, m.matmul_flops, m.attention_flops, m.memory_gbps,
+                           m.layer_s,           m.head_s,       m.recompute_s,     m.attention_forward_flops};
   for (const auto& [size, rate] : m.gemm_rates) f.insert(f.end(), {size, rate});
   return f;
 }
@@ -162,9 +178,11 @@ ChipMeasurement measurement_of(const std::vector<double>& f) {
   ChipMeasurement m{.kernel_overhead_s = f[0],
                     .matmul_flops = f[1],
                     .attention_flops = f[2],
+                    .attention_forward_flops = f[7],
                     .memory_gbps = f[3],
                     .layer_s = f[4],
-                    .head_s = f[5]};
+                    .head_s = f[5],
+                    .recompute_s = f[6]};
   for (size_t i = std::size(kMeasurementFigures); i + 1 < f.size(); i += 2) m.gemm_rates.emplace_back(f[i], f[i + 1]);
   return m;
 }
@@ -230,7 +248,8 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     for (const auto& [size, fraction] : t.matmul_curve) best = std::max(best, fraction);
     t.peak_tflops = t.peak_tflops_f32 = m.matmul_flops * best / 1e12;
     for (auto& [size, fraction] : t.matmul_curve) fraction /= best;
-    t.attention_efficiency = std::min(1.0, m.attention_flops / m.matmul_flops);
+    t.attention_efficiency = std::min(1.0, m.attention_flops / (t.peak_tflops * 1e12));
+    t.attention_forward_efficiency = std::min(1.0, m.attention_forward_flops / (t.peak_tflops * 1e12));
     t.memory_bandwidth_gbps = m.memory_gbps;
     t.memory_efficiency = 1.0;
     t.kernel_overhead_us = m.kernel_overhead_s * 1e6;
@@ -353,18 +372,20 @@ void profile_cluster(const ProfileJob& job) {
   }
   const LinkMeasurement link{j["bandwidth_gbps"].get<double>(), j["latency_us"].get<double>()};
   const Cluster profiled = profiled_cluster(cluster, chips, link);
-  // The figures, and a block's and the head's whole time measured beside what the cost model makes of them.
+  // The figures, and a block's, the head's and selective recomputation's time measured beside what the cost model
+  // makes of them.
   const CostModel costs(profiled, shape, TrainSetup{.global_batch = micro_batch, .precision = Precision::kF32});
-  std::printf("%-10s %6s %9s %10s %10s %9s %21s %21s\n", "chip", "speed", "kernel us", "GEMM GF/s", "attn GF/s",
-              "mem GB/s", "block ms (predicted)", "head ms (predicted)");
+  std::printf("%-10s %6s %9s %10s %10s %9s %21s %21s %23s\n", "chip", "speed", "kernel us", "GEMM GF/s", "attn GF/s",
+              "mem GB/s", "block ms (predicted)", "head ms (predicted)", "recompute ms (predicted)");
   for (const ChipMeasurement& m : chips) {
     const int k = profiled.chip_index(m.chip);
-    const double block =
-        costs.layer_forward_s(k, 1, micro_batch) + costs.layer_backward_s(k, 1, micro_batch, Recompute::kNone);
+    const double none = costs.layer_backward_s(k, 1, micro_batch, Recompute::kNone);
+    const double block = costs.layer_forward_s(k, 1, micro_batch) + none;
     const double head = costs.head_forward_s(k, 1, micro_batch) + costs.head_backward_s(k, 1, micro_batch);
-    std::printf("%-10s %6.2f %9.1f %10.2f %10.2f %9.2f %9.2f (%9.2f) %9.2f (%9.2f)\n", m.chip.c_str(), m.speed,
-                m.kernel_overhead_s * 1e6, m.matmul_flops / 1e9, m.attention_flops / 1e9, m.memory_gbps,
-                m.layer_s * 1e3, block * 1e3, m.head_s * 1e3, head * 1e3);
+    const double recompute = costs.layer_backward_s(k, 1, micro_batch, Recompute::kSelective) - none;
+    std::printf("%-10s %6.2f %9.1f %10.2f %10.2f %9.2f %9.2f (%9.2f) %9.2f (%9.2f) %11.2f (%9.2f)\n", m.chip.c_str(),
+                m.speed, m.kernel_overhead_s * 1e6, m.matmul_flops / 1e9, m.attention_flops / 1e9, m.memory_gbps,
+                m.layer_s * 1e3, block * 1e3, m.head_s * 1e3, head * 1e3, m.recompute_s * 1e3, recompute * 1e3);
   }
   std::printf("link (DiComm over UCX, %d processes, pairs all-reducing at once): %.2f GB/s, %.1f us\n", options.ranks,
               link.bandwidth_gbps, link.latency_us);

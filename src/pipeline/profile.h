@@ -30,15 +30,19 @@ struct ChipMeasurement {
   double matmul_flops = 0;       // GEMMs' rate beyond their fixed costs, FLOP/s (the fastest size's)
   // Per GEMM shape measured (the model's at TP 1 and 2, and the head's): (FLOPs of one GEMM, its rate).
   std::vector<std::pair<double, double>> gemm_rates;
-  double attention_flops = 0;  // the attention core's
-  double memory_gbps = 0;      // the optimizer step's rate as the memory bandwidth the cost model's formula needs
-  double layer_s = 0;          // measured whole: one block, forward + backward, one micro-batch
-  double head_s = 0;           // the head, forward + loss + backward
+  double attention_flops = 0;          // the attention core's backward
+  double attention_forward_flops = 0;  // its forward
+  double memory_gbps = 0;  // the optimizer step's rate as the memory bandwidth the cost model's formula needs
+  double layer_s = 0;      // measured whole: one block, forward + backward, one micro-batch
+  double head_s = 0;       // the head, forward + loss + backward
+  // What selective recomputation adds to a block's backward: the attention core's forward as the model times it.
+  double recompute_s = 0;
 };
 
 // The figures in a fixed order (for sending them between ranks): these, then each GEMM shape's size and rate.
-inline constexpr const char* kMeasurementFigures[] = {"kernel_overhead_s", "matmul_flops", "attention_flops",
-                                                      "memory_gbps",       "layer_s",      "head_s"};
+inline constexpr const char* kMeasurementFigures[] = {
+    "kernel_overhead_s", "matmul_flops", "attention_flops", "memory_gbps",
+    "layer_s",           "head_s",       "recompute_s",     "attention_forward_flops"};
 std::vector<double> measurement_figures(const ChipMeasurement& m);
 ChipMeasurement measurement_of(const std::vector<double>& figures);
 // The matmul_curve of a chip type (planner/spec.h) from measured (GEMM FLOPs, rate) pairs against its peak: sizes

@@ -42,9 +42,10 @@ const CostModel::PieceTimes& CostModel::piece_times(int chip, int tp, int b) con
 double CostModel::op_s(int chip, const OpWork& op) const {
   const ChipType& c = cluster_.chips[static_cast<size_t>(chip)];
   const bool bf16 = train_.precision == Precision::kBf16;
-  const double rate = op.kind == OpClass::kMatmul      ? c.matmul_flops(bf16, op.flops / op.gemms)
-                      : op.kind == OpClass::kAttention ? c.attention_flops(bf16)
-                                                       : 0;
+  const double rate = op.kind == OpClass::kMatmul             ? c.matmul_flops(bf16, op.flops / op.gemms)
+                      : op.kind == OpClass::kAttention        ? c.attention_flops(bf16)
+                      : op.kind == OpClass::kAttentionForward ? c.attention_forward_flops(bf16)
+                                                              : 0;
   const double compute = rate > 0 ? op.flops / rate : 0;
   return std::max(compute, op.bytes / c.bytes_per_second()) + c.kernel_overhead_us * 1e-6;
 }
@@ -86,7 +87,7 @@ double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
   } else if (r == Recompute::kSelective) {
     // Only the attention core again (Korthikanti et al. 2022): the forward's attention kernel.
     for (const OpWork& op : block_ops(model_, b, model_.seq_len, tp, e, w, false)) {
-      if (op.kind == OpClass::kAttention) s += op_s(chip, op);
+      if (op.kind == OpClass::kAttentionForward) s += op_s(chip, op);
     }
   }
   return s;

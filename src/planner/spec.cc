@@ -126,6 +126,9 @@ std::string cluster_to_yaml(const Cluster& c) {
       y << YAML::EndSeq;
     }
     if (t.attention_efficiency > 0) y << YAML::Key << "attention_efficiency" << YAML::Value << t.attention_efficiency;
+    if (t.attention_forward_efficiency > 0) {
+      y << YAML::Key << "attention_forward_efficiency" << YAML::Value << t.attention_forward_efficiency;
+    }
     y << YAML::Key << "memory_gib" << YAML::Value << t.memory_gib << YAML::Key << "memory_bandwidth_gbps" << YAML::Value
       << t.memory_bandwidth_gbps << YAML::Key << "memory_efficiency" << YAML::Value << t.memory_efficiency << YAML::Key
       << "kernel_overhead_us" << YAML::Value << t.kernel_overhead_us << YAML::Key << "host_link_gbps" << YAML::Value
@@ -171,8 +174,8 @@ Cluster load_cluster(const ConfigNode& root) {
   }
   for (const ConfigNode& n : root.at("chips").items()) {
     n.allow_only({"name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
-                  "attention_efficiency", "memory_gib", "memory_bandwidth_gbps", "memory_efficiency",
-                  "kernel_overhead_us", "host_link_gbps"});
+                  "attention_efficiency", "attention_forward_efficiency", "memory_gib", "memory_bandwidth_gbps",
+                  "memory_efficiency", "kernel_overhead_us", "host_link_gbps"});
     ChipType t;
     t.name = n.get<std::string>("name");
     if (c.chip_index(t.name) >= 0) n.at("name").fail(cat("chip type '", t.name, "' is defined twice"));
@@ -186,6 +189,9 @@ Cluster load_cluster(const ConfigNode& root) {
     };
     t.efficiency = fraction("efficiency", t.efficiency);
     if (n.has("attention_efficiency")) t.attention_efficiency = fraction("attention_efficiency", 0);
+    if (n.has("attention_forward_efficiency")) {
+      t.attention_forward_efficiency = fraction("attention_forward_efficiency", 0);
+    }
     if (auto curve = n.find("matmul_curve")) {
       for (const ConfigNode& point : curve->items()) {
         const std::vector<ConfigNode> xy = point.items();

@@ -26,7 +26,10 @@ struct ChipType {
   // Or the achievable fraction by a GEMM's size: (GFLOP of one GEMM, fraction) points, ascending, interpolated in
   // log size and held beyond the ends (`h2 profile` measures them). Empty: `efficiency` at every size.
   std::vector<std::pair<double, double>> matmul_curve;
-  double attention_efficiency = 0;   // the attention core's achievable fraction of peak; 0 = efficiency / 2
+  double attention_efficiency = 0;  // the attention core's achievable fraction of peak; 0 = efficiency / 2
+  // Its forward alone, when it differs (a CPU's softmax exponentials make the forward slower per FLOP than the
+  // backward); 0 = attention_efficiency.
+  double attention_forward_efficiency = 0;
   double memory_gib = 0;             // device memory
   double memory_bandwidth_gbps = 0;  // device memory bandwidth, GB/s (element-wise ops, the optimizer)
   double memory_efficiency = 0.8;    // achievable fraction of it on streaming kernels
@@ -41,6 +44,9 @@ struct ChipType {
   double matmul_flops(bool bf16, double gemm_flops = 0) const;
   double attention_flops(bool bf16) const {
     return peak_flops(bf16) * (attention_efficiency > 0 ? attention_efficiency : efficiency / 2);
+  }
+  double attention_forward_flops(bool bf16) const {
+    return attention_forward_efficiency > 0 ? peak_flops(bf16) * attention_forward_efficiency : attention_flops(bf16);
   }
   double bytes_per_second() const { return memory_bandwidth_gbps * 1e9 * memory_efficiency; }
   double memory_bytes() const { return memory_gib * kBytesPerGiB; }

@@ -189,5 +189,26 @@ TEST(Gpt, BadConfigsAreErrors) {
               ::testing::HasSubstr("m.yaml:4:13: field 'vocab_size': must be a positive integer"));
 }
 
+// Recomputation runs once per block in backward, and only under a recomputing policy; the model times it (the
+// figure bench_recompute sets beside the cost model's), so the time is zero exactly when nothing was recomputed.
+TEST(Gpt, CountsAndTimesItsRecomputation) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  const int B = 2, T = 6;
+  Tensor tokens = random_tokens(*dev, B, T, kTiny.vocab_size, 3),
+         targets = random_tokens(*dev, B, T, kTiny.vocab_size, 4);
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    Gpt m(kTiny, *dev, GptRange::whole(kTiny), B, T, {}, ActivationPolicy{.recompute = r});
+    m.init(1);
+    for (int step = 1; step <= 2; ++step) {
+      m.forward(tokens);
+      m.loss(targets);
+      m.backward();
+      const int64_t want = r == Recompute::kNone ? 0 : int64_t{step} * kTiny.n_layer;
+      EXPECT_EQ(m.recomputed_blocks(), want) << recompute_name(r);
+      EXPECT_EQ(m.recompute_seconds() > 0, want > 0) << recompute_name(r);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace h2
