@@ -6,6 +6,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "planner/catalog.h"
 #include "planner/layout.h"
 #include "planner/report.h"
 #include "sim/calibrate.h"
@@ -73,7 +74,7 @@ struct SimCmd {
 int run_simulate(const SimCmd& s) {
   Plan plan = load_plan(s.plan);
   if (!s.cluster.empty()) {  // re-cost the plan's layout with these figures (and its own model and setup)
-    const Cluster cluster = load_cluster(ConfigNode::load_file(s.cluster));
+    const Cluster cluster = load_cluster_arg(s.cluster);
     const TransformerShape model = s.model.empty() ? plan.shape : load_model(ConfigNode::load_file(s.model));
     const TrainSetup train = s.train.empty() ? setup_of(plan) : load_train_setup(ConfigNode::load_file(s.train));
     const CostModel costs(cluster, model, train);
@@ -116,7 +117,10 @@ int run_calibrate(const CalibrateCmd& o) {
 void register_plan(CLI::App& app, Command& selected) {
   CLI::App* pl = app.add_subcommand("plan", "Find the fastest training plan for a model on a (mixed) cluster");
   auto o = std::make_shared<PlanCmd>();
-  pl->add_option("--cluster", o->cluster, "cluster file (chip types, node groups, links)")->capture_default_str();
+  pl->add_option(
+        "--cluster", o->cluster,
+        "cluster file (chip types, node groups, links), or catalog chips: \"H100:64,MI300X:32\" (examples/chips.yaml)")
+      ->capture_default_str();
   pl->add_option("--model", o->model, "model file")->capture_default_str();
   pl->add_option("--train", o->train, "training setup file")->capture_default_str();
   pl->add_option("--out", o->out, "write the plan as JSON here (versioned; h2 simulate reads it)");

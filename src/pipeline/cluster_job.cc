@@ -15,6 +15,7 @@
 #include "core/file.h"
 #include "core/signals.h"
 #include "pipeline/profile.h"
+#include "planner/catalog.h"
 #include "planner/report.h"
 
 namespace h2 {
@@ -35,7 +36,7 @@ ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume) {
   ConfigNode root = ConfigNode::load_file(files.config);
   for (const std::string& o : files.overrides) root.apply_override(o);
   in.run.config = TrainConfig::from_config(root);
-  in.run.cluster = load_cluster(ConfigNode::load_file(files.cluster));
+  in.run.cluster = load_cluster_arg(files.cluster);
   if (!files.model.empty()) {
     in.shape = load_model(ConfigNode::load_file(files.model));
     in.run.config.model = gpt_config_of(in.shape);

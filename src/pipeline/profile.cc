@@ -19,6 +19,7 @@
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "pipeline/hetero_train.h"
+#include "planner/catalog.h"
 #include "planner/cost_model.h"
 #include "train/optimizer.h"
 
@@ -298,7 +299,7 @@ int threads_per_rank(const Cluster& cluster) {
 // and memory as the training ranks will), then the link; rank 0 writes what all found.
 void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch,
                   const std::string& out) {
-  const Cluster cluster = load_cluster(ConfigNode::load_file(cluster_file));
+  const Cluster cluster = load_cluster_arg(cluster_file);
   const std::vector<std::string> chips = rank_chips(cluster);
   auto job = join_job(job_env());
   Communicator& world = *job->world;
@@ -332,7 +333,7 @@ void profile_cluster(const ProfileJob& job) {
   const std::string &cluster_file = job.cluster_file, &model_label = job.model_label, &out = job.out;
   const TransformerShape& shape = job.shape;
   const int micro_batch = job.micro_batch;
-  const Cluster cluster = load_cluster(ConfigNode::load_file(cluster_file));
+  const Cluster cluster = load_cluster_arg(cluster_file);
   const std::vector<std::string> ranks = rank_chips(cluster);
   std::printf(
       "profiling %zu chip type(s) of %s at the shapes of %s, micro-batch %d: %zu processes at once (one per "

@@ -5,21 +5,24 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "core/error.h"
+#include "planner/catalog.h"
 
 namespace h2 {
 namespace {
 
 double positive(const ConfigNode& node, const char* key) {
   const double v = node.get<double>(key);
-  if (!(v > 0)) node.at(key).fail(cat("must be positive, got ", v));
+  if (!(v > 0) || !std::isfinite(v)) node.at(key).fail(cat("must be a positive finite number, got ", v));
   return v;
 }
 
 double non_negative(const ConfigNode& node, const char* key, double fallback) {
   const double v = node.get<double>(key, fallback);
-  if (!(v >= 0)) node.at(key).fail(cat("must be >= 0, got ", v));
+  if (!(v >= 0) || !std::isfinite(v)) node.at(key).fail(cat("must be a finite number >= 0, got ", v));
   return v;
 }
 
@@ -27,6 +30,12 @@ int64_t positive_int(const ConfigNode& node, const char* key) {
   const int64_t v = node.get<int64_t>(key);
   if (v <= 0) node.at(key).fail(cat("must be a positive integer, got ", v));
   return v;
+}
+
+int positive_int32(const ConfigNode& node, const char* key) {
+  const int64_t v = positive_int(node, key);
+  if (v > std::numeric_limits<int>::max()) node.at(key).fail(cat("must be at most ", std::numeric_limits<int>::max()));
+  return static_cast<int>(v);
 }
 
 }  // namespace
@@ -157,8 +166,46 @@ std::string cluster_to_yaml(const Cluster& c) {
   return std::string(y.c_str()) + "\n";
 }
 
+ChipType load_chip(const ConfigNode& n, const ChipType* base) {
+  ChipType t = base ? *base : ChipType{};
+  const auto number = [&](const char* key, double& field, bool required) {
+    if (required || n.has(key)) field = positive(n, key);
+  };
+  const auto fraction = [&](const char* key, double& field) {
+    if (!n.has(key)) return;
+    field = n.get<double>(key);
+    if (!(field > 0 && field <= 1)) n.at(key).fail(cat("must be in (0, 1], got ", field));
+  };
+  if (!base || n.has("name")) t.name = n.get<std::string>("name");
+  t.vendor = n.get<std::string>("vendor", base ? t.vendor : "unknown");
+  number("peak_tflops", t.peak_tflops, !base);
+  number("peak_tflops_f32", t.peak_tflops_f32, false);
+  fraction("efficiency", t.efficiency);
+  fraction("attention_efficiency", t.attention_efficiency);
+  fraction("attention_forward_efficiency", t.attention_forward_efficiency);
+  if (auto curve = n.find("matmul_curve")) {
+    t.matmul_curve.clear();
+    for (const ConfigNode& point : curve->items()) {
+      const std::vector<ConfigNode> xy = point.items();
+      if (xy.size() != 2) point.fail("a point is [GFLOP of one GEMM, achievable fraction]");
+      const double size = xy[0].as_double(), f = xy[1].as_double();
+      if (!(size > 0) || !std::isfinite(size)) xy[0].fail(cat("must be a positive size, got ", size));
+      if (!(f > 0 && f <= 1)) xy[1].fail(cat("must be in (0, 1], got ", f));
+      if (!t.matmul_curve.empty() && size <= t.matmul_curve.back().first) xy[0].fail("sizes must ascend");
+      t.matmul_curve.emplace_back(size, f);
+    }
+    if (t.matmul_curve.empty()) curve->fail("lists no point");
+  }
+  number("memory_gib", t.memory_gib, !base);
+  number("memory_bandwidth_gbps", t.memory_bandwidth_gbps, !base);
+  fraction("memory_efficiency", t.memory_efficiency);
+  t.kernel_overhead_us = non_negative(n, "kernel_overhead_us", t.kernel_overhead_us);
+  number("host_link_gbps", t.host_link_gbps, false);
+  return t;
+}
+
 Cluster load_cluster(const ConfigNode& root) {
-  root.allow_only({"name", "figures", "chips", "groups", "links"});
+  root.allow_only({"name", "figures", "catalog", "chips", "groups", "links"});
   Cluster c;
   c.name = root.get<std::string>("name", root.file());
   if (auto f = root.find("figures")) {
@@ -172,44 +219,26 @@ Cluster load_cluster(const ConfigNode& root) {
     }
     if (!known) f->fail(cat("'", v, "' is not a source of figures; use datasheet, profiled or calibrated"));
   }
+  // Chips may come from a catalog (examples/chips.yaml), named relative to this file.
+  std::optional<ChipCatalog> catalog;
+  if (auto f = root.find("catalog"))
+    catalog = load_catalog(ConfigNode::load_file(path_beside(root.file(), f->as_string())));
+  std::vector<const CatalogChip*> from_catalog;  // per chip type: its catalog entry, or null
   for (const ConfigNode& n : root.at("chips").items()) {
-    n.allow_only({"name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
+    n.allow_only({"catalog", "name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
                   "attention_efficiency", "attention_forward_efficiency", "memory_gib", "memory_bandwidth_gbps",
                   "memory_efficiency", "kernel_overhead_us", "host_link_gbps"});
-    ChipType t;
-    t.name = n.get<std::string>("name");
-    if (c.chip_index(t.name) >= 0) n.at("name").fail(cat("chip type '", t.name, "' is defined twice"));
-    t.vendor = n.get<std::string>("vendor", "unknown");
-    t.peak_tflops = positive(n, "peak_tflops");
-    if (n.has("peak_tflops_f32")) t.peak_tflops_f32 = positive(n, "peak_tflops_f32");
-    const auto fraction = [&](const char* key, double fallback) {
-      const double v = n.get<double>(key, fallback);
-      if (!(v > 0 && v <= 1)) n.at(key).fail(cat("must be in (0, 1], got ", v));
-      return v;
-    };
-    t.efficiency = fraction("efficiency", t.efficiency);
-    if (n.has("attention_efficiency")) t.attention_efficiency = fraction("attention_efficiency", 0);
-    if (n.has("attention_forward_efficiency")) {
-      t.attention_forward_efficiency = fraction("attention_forward_efficiency", 0);
+    const CatalogChip* entry = nullptr;
+    if (auto name = n.find("catalog")) {
+      if (!catalog) name->fail("names a catalog chip, but the file names no catalog; add catalog: chips.yaml");
+      entry = catalog->find(name->as_string());
+      if (!entry)
+        name->fail(cat("no chip '", name->as_string(), "' in ", catalog->file, "; it has ", catalog->names()));
     }
-    if (auto curve = n.find("matmul_curve")) {
-      for (const ConfigNode& point : curve->items()) {
-        const std::vector<ConfigNode> xy = point.items();
-        if (xy.size() != 2) point.fail("a point is [GFLOP of one GEMM, achievable fraction]");
-        const double size = xy[0].as_double(), f = xy[1].as_double();
-        if (!(size > 0) || !std::isfinite(size)) xy[0].fail(cat("must be a positive size, got ", size));
-        if (!(f > 0 && f <= 1)) xy[1].fail(cat("must be in (0, 1], got ", f));
-        if (!t.matmul_curve.empty() && size <= t.matmul_curve.back().first) xy[0].fail("sizes must ascend");
-        t.matmul_curve.emplace_back(size, f);
-      }
-      if (t.matmul_curve.empty()) curve->fail("lists no point");
-    }
-    t.memory_gib = positive(n, "memory_gib");
-    t.memory_bandwidth_gbps = positive(n, "memory_bandwidth_gbps");
-    t.memory_efficiency = fraction("memory_efficiency", t.memory_efficiency);
-    t.kernel_overhead_us = non_negative(n, "kernel_overhead_us", t.kernel_overhead_us);
-    t.host_link_gbps = n.has("host_link_gbps") ? positive(n, "host_link_gbps") : t.host_link_gbps;
+    const ChipType t = load_chip(n, entry ? &entry->chip : nullptr);
+    if (c.chip_index(t.name) >= 0) n.fail(cat("chip type '", t.name, "' is defined twice"));
     c.chips.push_back(t);
+    from_catalog.push_back(entry);
   }
   if (c.chips.empty()) root.at("chips").fail("lists no chip types; a cluster needs at least one");
   for (const ConfigNode& n : root.at("groups").items()) {
@@ -222,12 +251,22 @@ Cluster load_cluster(const ConfigNode& root) {
     for (const NodeGroup& other : c.groups) {
       if (other.chip == g.chip) n.at("chip").fail(cat("chip type '", chip, "' has two node groups; merge them"));
     }
-    g.nodes = static_cast<int>(positive_int(n, "nodes"));
-    g.chips_per_node = static_cast<int>(positive_int(n, "chips_per_node"));
-    g.intra_node_gbps = g.chips_per_node > 1 ? positive(n, "intra_node_gbps") : n.get<double>("intra_node_gbps", 0);
-    g.intra_node_latency_us = non_negative(n, "intra_node_latency_us", 2);
-    g.nic_gbps = positive(n, "nic_gbps");
-    g.nic_latency_us = non_negative(n, "nic_latency_us", g.nic_latency_us);
+    const CatalogChip* entry = from_catalog[static_cast<size_t>(g.chip)];
+    g.nodes = positive_int32(n, "nodes");
+    if (entry) {  // the catalog's node as the default of every figure
+      const NodeGroup d = entry->node;
+      g.chips_per_node = n.has("chips_per_node") ? positive_int32(n, "chips_per_node") : d.chips_per_node;
+      g.intra_node_gbps = n.has("intra_node_gbps") ? positive(n, "intra_node_gbps") : d.intra_node_gbps;
+      g.intra_node_latency_us = non_negative(n, "intra_node_latency_us", d.intra_node_latency_us);
+      g.nic_gbps = n.has("nic_gbps") ? positive(n, "nic_gbps") : d.nic_gbps;
+      g.nic_latency_us = non_negative(n, "nic_latency_us", d.nic_latency_us);
+    } else {
+      g.chips_per_node = positive_int32(n, "chips_per_node");
+      g.intra_node_gbps = g.chips_per_node > 1 ? positive(n, "intra_node_gbps") : n.get<double>("intra_node_gbps", 0);
+      g.intra_node_latency_us = non_negative(n, "intra_node_latency_us", 2);
+      g.nic_gbps = positive(n, "nic_gbps");
+      g.nic_latency_us = non_negative(n, "nic_latency_us", g.nic_latency_us);
+    }
     c.groups.push_back(g);
   }
   if (c.groups.empty()) root.at("groups").fail("lists no node groups: the cluster has no devices");
@@ -247,6 +286,23 @@ Cluster load_cluster(const ConfigNode& root) {
       l.latency_us = non_negative(n, "latency_us", 10);
       l.device_direct = n.get<bool>("device_direct", false);
       c.links.push_back(l);
+    }
+  }
+  // Every pair of chip types needs a link: the catalog's default between types, or an error naming the pair.
+  for (int a = 0; a < static_cast<int>(c.chips.size()); ++a) {
+    for (int b = a + 1; b < static_cast<int>(c.chips.size()); ++b) {
+      const bool linked = std::any_of(c.links.begin(), c.links.end(), [&](const GroupLink& l) {
+        return (l.a == a && l.b == b) || (l.a == b && l.b == a);
+      });
+      if (linked) continue;
+      if (!catalog) {
+        root.at("chips").fail(cat("no link between chip types '", c.chips[static_cast<size_t>(a)].name, "' and '",
+                                  c.chips[static_cast<size_t>(b)].name, "'; add {between: [",
+                                  c.chips[static_cast<size_t>(a)].name, ", ", c.chips[static_cast<size_t>(b)].name,
+                                  "], bandwidth_gbps: ..., latency_us: ...} under links:"));
+      }
+      c.links.push_back(GroupLink{a, b, catalog->between_types.bandwidth_gbps, catalog->between_types.latency_us,
+                                  catalog->between_types.device_direct});
     }
   }
   return c;
@@ -304,7 +360,7 @@ TrainSetup load_train_setup(const ConfigNode& root) {
 PlanningInputs load_planning_inputs(const std::string& cluster_file, const std::string& model_file,
                                     const std::string& train_file) {
   PlanningInputs in;
-  in.cluster = load_cluster(ConfigNode::load_file(cluster_file));
+  in.cluster = load_cluster_arg(cluster_file);
   const ConfigNode model = ConfigNode::load_file(model_file);
   in.model = load_model(model);
   in.model_name = model.get<std::string>("name", model_file);

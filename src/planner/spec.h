@@ -102,6 +102,9 @@ struct TrainSetup {
   int max_tp = 0;                                 // the largest tensor-parallel degree allowed; 0 = any
 };
 
+// The figures of one `chips:` entry; a field the entry leaves out is `base`'s (a catalog chip) or its default.
+ChipType load_chip(const ConfigNode& n, const ChipType* base = nullptr);
+// A cluster file's tree (planner/catalog.h: chips may come from a catalog; load_cluster_arg takes a file or a spec).
 Cluster load_cluster(const ConfigNode& root);
 // The YAML load_cluster reads (h2 profile writes measured clusters with it).
 std::string cluster_to_yaml(const Cluster& cluster);

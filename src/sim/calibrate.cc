@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/file.h"
 #include "core/format.h"
+#include "planner/catalog.h"
 #include "planner/layout.h"
 #include "schedule/schedule.h"
 #include "sim/simulator.h"
@@ -297,7 +298,7 @@ Calibration calibrate_run(const std::string& run_dir, const std::string& cluster
   };
   const Plan plan = load_plan(need("plan.json"));
   const std::string cluster_path = cluster_file.empty() ? need("cluster.yaml") : cluster_file;
-  const Cluster cluster = load_cluster(ConfigNode::load_file(cluster_path));
+  const Cluster cluster = load_cluster_arg(cluster_path);
   const std::string summary_path = need("summary.json");
   double step_s = 0;
   try {

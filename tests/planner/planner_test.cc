@@ -49,7 +49,7 @@ TEST(Spec, BadInputNamesFileAndField) {
                         "groups: []\n");
                   },
                   ErrorCode::kConfig),
-              HasSubstr("field 'chips[0].peak_tflops': must be positive, got 0"));
+              HasSubstr("field 'chips[0].peak_tflops': must be a positive finite number, got 0"));
   EXPECT_THAT(error_of([] { cluster_of("chips: []\ngroups: []\n"); }, ErrorCode::kConfig),
               HasSubstr("lists no chip types"));
   EXPECT_THAT(error_of(
