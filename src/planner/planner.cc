@@ -442,36 +442,48 @@ namespace {
 struct TypeOption {
   int tp;
   int stages;
+  int dp;  // each of its stages' replicas (a micro-batch's dp x micro_batch rows shared among them)
 };
 
-// What a chip type may contribute to a layout: (TP, number of stages) pairs, finer per tier.
-//   exhaustive: every TP and every stage count; coarse: the smallest and the largest TP at which a layer fits,
-//   and stage counts 1, 2 and a quarter, half, three quarters and all of what the devices allow; greedy: the
-//   largest TP, and half or all of the devices. Every tier may also leave the type out.
+// What a chip type may contribute to a layout: (TP, number of stages, DP) triples, finer per tier.
+//   exhaustive: every TP, every DP that divides a micro-batch's rows, and every stage count; coarse: the layout's
+//   DP, the smallest and the largest TP at which a layer fits, and stage counts 1, 2 and a quarter, half, three
+//   quarters and all of what the devices allow; greedy: the layout's DP, the largest TP, and half or all of the
+//   devices. Every tier may also leave the type out. Below exhaustive, refine() changes the DP of the best plans'
+//   types.
 std::vector<TypeOption> type_options(const CostModel& c, int chip, int dp, int b, const std::string& tier) {
-  std::vector<int> fitting;
-  for (int t : tp_options(c, chip)) {
-    if (one_layer_bytes(c, t, dp, b) < c.usable_bytes(chip)) fitting.push_back(t);
-  }
-  // Below exhaustive, the extremes: the smallest TP that fits (the most stages, the least TP communication)
-  // and the largest (the fewest stages, which keeps a type with many devices from deepening the pipeline).
-  if (tier != "exhaustive" && fitting.size() > 2) fitting = {fitting.front(), fitting.back()};
-  if (tier == "greedy" && fitting.size() > 1) fitting = {fitting.back()};
-  std::vector<TypeOption> out = {{1, 0}};
-  for (int t : fitting) {
-    const int max = static_cast<int>(std::min<int64_t>(c.cluster().devices_of(chip) / (dp * t), c.model().layers));
-    std::vector<int> counts;
-    if (tier == "exhaustive") {
-      for (int n = 1; n <= max; ++n) counts.push_back(n);
-    } else if (tier == "coarse") {
-      counts = {1, 2, max / 4, max / 2, 3 * max / 4, max};
-    } else {
-      counts = {max / 2, max};
+  std::vector<int> widths = {dp};
+  if (tier == "exhaustive") {
+    widths.clear();
+    for (int d = 1; d <= dp * b && d <= c.cluster().devices_of(chip); ++d) {
+      if ((dp * b) % d == 0) widths.push_back(d);
     }
-    std::sort(counts.begin(), counts.end());
-    counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
-    for (int n : counts) {
-      if (n >= 1 && n <= max) out.push_back({t, n});
+  }
+  std::vector<TypeOption> out = {{1, 0, dp}};
+  for (int d : widths) {
+    std::vector<int> fitting;
+    for (int t : tp_options(c, chip)) {
+      if (one_layer_bytes(c, t, d, dp * b / d) < c.usable_bytes(chip)) fitting.push_back(t);
+    }
+    // Below exhaustive, the extremes: the smallest TP that fits (the most stages, the least TP communication)
+    // and the largest (the fewest stages, which keeps a type with many devices from deepening the pipeline).
+    if (tier != "exhaustive" && fitting.size() > 2) fitting = {fitting.front(), fitting.back()};
+    if (tier == "greedy" && fitting.size() > 1) fitting = {fitting.back()};
+    for (int t : fitting) {
+      const int max = static_cast<int>(std::min<int64_t>(c.cluster().devices_of(chip) / (d * t), c.model().layers));
+      std::vector<int> counts;
+      if (tier == "exhaustive") {
+        for (int n = 1; n <= max; ++n) counts.push_back(n);
+      } else if (tier == "coarse") {
+        counts = {1, 2, max / 4, max / 2, 3 * max / 4, max};
+      } else {
+        counts = {max / 2, max};
+      }
+      std::sort(counts.begin(), counts.end());
+      counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+      for (int n : counts) {
+        if (n >= 1 && n <= max) out.push_back({t, n, d});
+      }
     }
   }
   return out;
@@ -495,41 +507,44 @@ struct Search {
   // Work of one step divided by the used devices' full rate: no layout with these devices can be faster.
   double lower_bound(const Layout& l) const {
     double rate = 0;
-    for (const auto& s : l.stages) rate += s.tp * l.dp * c.flops_rate(s.chip);
+    for (size_t i = 0; i < l.stages.size(); ++i)
+      rate += l.stages[i].tp * l.stage_dp(i) * c.flops_rate(l.stages[i].chip);
     return c.step_model_flops() / rate;
   }
 
   // The lower bound depends only on which devices are used, not on their order: check it once per choice.
-  bool bound_prunes(const std::vector<std::vector<TypeOption>>& options, const std::vector<size_t>& pick, int dp) {
+  bool bound_prunes(const std::vector<std::vector<TypeOption>>& options, const std::vector<size_t>& pick) {
     double rate = 0;
     for (size_t i = 0; i < options.size(); ++i) {
       const TypeOption& o = options[i][pick[i]];
-      rate += o.tp * o.stages * c.flops_rate(chips[i]);
+      rate += o.tp * o.stages * o.dp * c.flops_rate(chips[i]);
     }
     std::lock_guard<std::mutex> lock(mu);
-    if (rate <= 0 || c.step_model_flops() / (rate * dp) < best_step) return false;
+    if (rate <= 0 || c.step_model_flops() / rate < best_step) return false;
     ++pruned_bound;
     return true;
   }
 
-  // Whole-model state that must fit in the used devices' memory.
-  bool can_fit(const Layout& l) const {
-    double have = 0;
-    for (const auto& s : l.stages) have += s.tp * c.usable_bytes(s.chip);
-    return layers_state_bytes(c, l.dp) <= have;
+  // Whole-model state that must fit in the used devices' memory: each stage holds as many layers' weights,
+  // gradients and optimizer state (sharded over its DP under ZeRO-1) as its replica's devices have room for.
+  double layers_room(const Layout& l) const {
+    double layers = 0;
+    for (size_t i = 0; i < l.stages.size(); ++i) {
+      layers += l.stages[i].tp * c.usable_bytes(l.stages[i].chip) / layers_state_bytes(c, l.stage_dp(i));
+    }
+    return layers * static_cast<double>(c.model().layers);
   }
 
   void consider(const Layout& l) {
     ++layouts;
-    if (!can_fit(l)) {
+    const double room = layers_room(l), L = static_cast<double>(c.model().layers);
+    if (room < L) {
       ++pruned_memory;
-      double have = 0;
-      for (const auto& s : l.stages) have += s.tp * c.usable_bytes(s.chip);
       FitFailure f;
       const double need = layers_state_bytes(c, l.dp);
       f.what = cat("the layers' weights, gradients and optimizer state need ", format_bytes(need),
-                   " per pipeline but a layout of ", l.stages.size(), " stages holds ", format_bytes(have));
-      f.shortfall_bytes = need - have;
+                   " per pipeline but a layout of ", l.stages.size(), " stages holds ", format_bytes(need * room / L));
+      f.shortfall_bytes = need * (1 - room / L);
       std::lock_guard<std::mutex> lock(mu);
       if (closest.what.empty() || f.shortfall_bytes < closest.shortfall_bytes) closest = f;
       return;
@@ -602,12 +617,14 @@ struct Search {
         total += n;
         if (n > 0) used.push_back(static_cast<int>(i));
       }
-      if (total >= 1 && total <= c.model().layers && !bound_prunes(options, pick, dp)) {
+      if (total >= 1 && total <= c.model().layers && !bound_prunes(options, pick)) {
         for (const std::vector<int>& order : orders(used)) {
           Layout l{dp, b, {}};
           for (int i : order) {
             const TypeOption& o = options[static_cast<size_t>(i)][pick[static_cast<size_t>(i)]];
-            for (int j = 0; j < o.stages; ++j) l.stages.push_back({chips[static_cast<size_t>(i)], o.tp});
+            for (int j = 0; j < o.stages; ++j) {
+              l.stages.push_back({chips[static_cast<size_t>(i)], o.tp, o.dp == dp ? 0 : o.dp});
+            }
           }
           consider(l);
         }
@@ -635,6 +652,71 @@ struct Search {
       out.push_back(used);
     }
     return out;
+  }
+
+  // Stages of different widths: from the best layout, with its micro-batch as it is, doubled or halved (each
+  // stage keeping its replicas), give one chip type's stages another DP (the same, twice or half) and TP (the
+  // same, twice or half), with about the same devices (the stage count scaled, or one more or fewer), while the
+  // best plan improves. The exhaustive tier enumerates such layouts; the coarser tiers find them here.
+  void reshape() {
+    const std::vector<int>& sizes = c.train().micro_batches;
+    for (int round = 0; round < 16 && best; ++round) {
+      const double before = best_step;
+      const Layout best_layout = layout_of(*best, c.cluster());
+      for (int b : {best_layout.micro_batch, 2 * best_layout.micro_batch, best_layout.micro_batch / 2}) {
+        if (std::find(sizes.begin(), sizes.end(), b) == sizes.end() ||
+            c.train().global_batch % (int64_t{best_layout.dp} * b) != 0) {
+          continue;
+        }
+        Layout l = best_layout;
+        l.micro_batch = b;
+        const int rows = l.dp * b;
+        bool whole = true;  // every stage's replicas still share a micro-batch's rows evenly
+        for (size_t i = 0; i < l.stages.size(); ++i) {
+          l.stages[i].dp = best_layout.stage_dp(i) == l.dp ? 0 : best_layout.stage_dp(i);
+          whole = whole && rows % l.stage_dp(i) == 0;
+        }
+        if (!whole) continue;
+        if (b != best_layout.micro_batch) consider(l);
+        reshape_blocks(l);
+      }
+      if (!(best_step < before)) break;
+    }
+  }
+
+  void reshape_blocks(const Layout& l) {
+    const int rows = l.dp * l.micro_batch;
+    for (size_t first = 0; first < l.stages.size();) {
+      size_t end = first;
+      while (end < l.stages.size() && l.stages[end].chip == l.stages[first].chip) ++end;
+      const int chip = l.stages[first].chip, t = l.stages[first].tp, d = l.stage_dp(first);
+      const int n = static_cast<int>(end - first);
+      int others = 0;  // this type's devices in other blocks
+      for (size_t i = 0; i < l.stages.size(); ++i) {
+        if ((i < first || i >= end) && l.stages[i].chip == chip) others += l.stages[i].tp * l.stage_dp(i);
+      }
+      const std::vector<int> tps = tp_options(c, chip);
+      for (int d2 : {d, 2 * d, d / 2}) {
+        if (d2 < 1 || rows % d2 != 0) continue;
+        for (int t2 : {t, 2 * t, t / 2}) {
+          if (std::find(tps.begin(), tps.end(), t2) == tps.end() || (d2 == d && t2 == t)) continue;
+          const int same = n * d * t / (d2 * t2);
+          for (int n2 : {same, same + 1, same - 1}) {
+            if (n2 < 1 || others + n2 * d2 * t2 > c.cluster().devices_of(chip) ||
+                static_cast<int64_t>(l.stages.size()) - n + n2 > c.model().layers) {
+              continue;
+            }
+            Layout r = l;
+            r.stages.erase(r.stages.begin() + static_cast<std::ptrdiff_t>(first),
+                           r.stages.begin() + static_cast<std::ptrdiff_t>(end));
+            r.stages.insert(r.stages.begin() + static_cast<std::ptrdiff_t>(first), static_cast<size_t>(n2),
+                            Layout::Slot{chip, t2, d2 == l.dp ? 0 : d2});
+            consider(r);
+          }
+        }
+      }
+      first = end;
+    }
   }
 
   // Every order of the best layout's chip-type blocks (up to 6 types; beyond, neighbouring swaps).
@@ -720,6 +802,8 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     for (std::thread& t : pool) t.join();
     if (search.out_of_time) break;
   }
+  search.refine();
+  search.reshape();
   search.refine();
   if (stats != nullptr) {
     stats->layouts = search.layouts;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "planner/fixtures.h"
@@ -121,16 +122,20 @@ double exhaustive_best(const CostModel& costs) {
     if (costs.train().global_batch % dp != 0) continue;
     for (int b : costs.train().micro_batches) {
       if ((costs.train().global_batch / dp) % b != 0) continue;
-      // (tp, stages) per type, recursively; then every order and every composition of L.
-      std::vector<std::vector<std::pair<int, int>>> per_type;
+      // (tp, stages, its stages' DP) per type: any DP that divides a micro-batch's dp x b rows; then every order
+      // and every composition of L.
+      struct Option {
+        int tp, stages, dp;
+      };
+      std::vector<std::vector<Option>> per_type;
       for (size_t k = 0; k < c.chips.size(); ++k) {
-        std::vector<std::pair<int, int>> o = {{1, 0}};
-        if (c.devices_of(static_cast<int>(k)) == 0) {
-          per_type.push_back(o);
-          continue;
-        }
-        for (int t : tp_options(costs, static_cast<int>(k))) {
-          for (int s = 1; s * t * dp <= c.devices_of(static_cast<int>(k)) && s <= L; ++s) o.push_back({t, s});
+        std::vector<Option> o = {{1, 0, dp}};
+        const int n = c.devices_of(static_cast<int>(k));
+        for (int d = 1; d <= dp * b && n > 0; ++d) {
+          if ((dp * b) % d != 0) continue;
+          for (int t : tp_options(costs, static_cast<int>(k))) {
+            for (int s = 1; s * t * d <= n && s <= L; ++s) o.push_back({t, s, d});
+          }
         }
         per_type.push_back(o);
       }
@@ -139,17 +144,16 @@ double exhaustive_best(const CostModel& costs) {
         std::vector<int> used;
         int stages = 0;
         for (size_t k = 0; k < per_type.size(); ++k) {
-          if (per_type[k][pick[k]].second > 0) used.push_back(static_cast<int>(k));
-          stages += per_type[k][pick[k]].second;
+          if (per_type[k][pick[k]].stages > 0) used.push_back(static_cast<int>(k));
+          stages += per_type[k][pick[k]].stages;
         }
         if (stages >= 1 && stages <= L) {
           std::sort(used.begin(), used.end());
           do {
             Layout l{dp, b, {}};
             for (int k : used) {
-              for (int s = 0; s < per_type[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]].second; ++s) {
-                l.stages.push_back({k, per_type[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]].first});
-              }
+              const Option& o = per_type[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]];
+              for (int s = 0; s < o.stages; ++s) l.stages.push_back({k, o.tp, o.dp});
             }
             // Every composition of L into `stages` positive parts.
             std::vector<int> split(static_cast<size_t>(stages));
@@ -191,6 +195,37 @@ TEST(Search, WithinOnePercentOfExhaustiveOnSmallClusters) {
     EXPECT_LE(simulated, reference * 1.01) << layers << " layers: search " << simulated << " s, optimum " << reference;
     EXPECT_GE(simulated, reference * (1 - 1e-9));  // and no plan beats the optimum
   }
+}
+
+// Four slow devices and one four times as fast, four layers: at one DP width for all stages, either the fast chip
+// sits idle (DP 4) or a slow one does (DP 1: at most 4 stages; TP is not allowed). Stages of different widths use all five — the slow
+// chips as one stage of 4 replicas, the fast one alone — and the search must find that optimum.
+TEST(Search, FindsStagesOfDifferentWidths) {
+  const Cluster c = cluster_of(R"(
+chips:
+  - {name: slow, peak_tflops: 10, memory_gib: 8, memory_bandwidth_gbps: 200}
+  - {name: fast, peak_tflops: 40, memory_gib: 8, memory_bandwidth_gbps: 800}
+groups:
+  - {chip: slow, nodes: 1, chips_per_node: 4, intra_node_gbps: 50, nic_gbps: 10}
+  - {chip: fast, nodes: 1, chips_per_node: 1, nic_gbps: 10}
+links:
+  - {between: [slow, fast], bandwidth_gbps: 10, latency_us: 10}
+)");
+  const CostModel costs(c, small_model(4), TrainSetup{.global_batch = 16, .micro_batches = {1, 2, 4}, .max_tp = 1});
+  SearchStats stats;
+  const Plan plan = plan_training(costs, PlannerOptions{}, &stats);
+  const double reference = exhaustive_best(costs);
+  EXPECT_EQ(stats.tier, "exhaustive");
+  EXPECT_EQ(plan.devices_used, 5);
+  std::set<int> widths;
+  for (const StagePlan& s : plan.stages) widths.insert(s.dp);
+  EXPECT_GT(widths.size(), 1u) << "every stage has the same DP";
+  const double simulated = simulate(plan).step_s;
+  EXPECT_LE(simulated, reference * 1.01) << "search " << simulated << " s, optimum " << reference;
+  EXPECT_GE(simulated, reference * (1 - 1e-9));
+  // The coarse tier, which enumerates one DP for all stages, reaches it through reshape().
+  const Plan coarse = plan_training(costs, PlannerOptions{.finest_tier = "coarse"});
+  EXPECT_LE(simulate(coarse).step_s, reference * 1.01);
 }
 
 }  // namespace
