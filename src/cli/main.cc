@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -42,6 +44,14 @@ int main(int argc, char** argv) {
     return selected ? selected() : 0;
   } catch (const h2::Error& e) {
     std::fprintf(stderr, "h2: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "h2: error: out of host memory. Hint: a smaller model, batch, sequence or --chunks, or fewer ranks "
+                 "on this host\n");
+    return 1;
+  } catch (const std::exception& e) {  // a defect: every input error should be an h2::Error naming its cause
+    std::fprintf(stderr, "h2: error: %s (unexpected; please report it with the command that caused it)\n", e.what());
     return 1;
   }
 }

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -66,10 +67,19 @@ sockaddr_in resolve(const std::string& host, int port, const std::string& what) 
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  const std::string numeric = host == "localhost" ? "127.0.0.1" : host;
-  if (::inet_pton(AF_INET, numeric.c_str(), &addr.sin_addr) != 1) {
-    throw Error(ErrorCode::kConfig, cat(what, ": '", host, "' is not an IPv4 address (H2_MASTER_ADDR)"));
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
+  // A host name (as Slurm gives them): its first IPv4 address.
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw Error(ErrorCode::kConfig, cat(what, ": cannot resolve '", host, "' to an IPv4 address (H2_MASTER_ADDR): ",
+                                        ::gai_strerror(rc)));
   }
+  addr.sin_addr = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
+  ::freeaddrinfo(found);
   return addr;
 }
 
@@ -351,13 +361,15 @@ int64_t StoreClient::add(const std::string& key, int64_t delta) {
 }
 
 JobEnv job_env_from(const std::function<const char*(const char*)>& env) {
-  auto integer = [&](const char* name, int lo) {
+  auto integer = [&](const char* name, int lo, int hi = 1 << 24) {
     const char* v = env(name);
     if (v == nullptr) throw Error(ErrorCode::kConfig, cat("environment variable ", name, " is not set"));
     char* end = nullptr;
+    errno = 0;
     const long x = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0' || x < lo || x > 1 << 24) {
-      throw Error(ErrorCode::kConfig, cat("environment variable ", name, "='", v, "' is not an integer >= ", lo));
+    if (end == v || *end != '\0' || errno == ERANGE || x < lo || x > hi) {
+      throw Error(ErrorCode::kConfig,
+                  cat("environment variable ", name, "='", v, "' is not an integer in [", lo, ", ", hi, "]"));
     }
     return static_cast<int>(x);
   };
@@ -383,7 +395,7 @@ JobEnv job_env_from(const std::function<const char*(const char*)>& env) {
                 cat("rank ", j.rank, " is not below the world size ", j.world_size, " (", j.source, ")"));
   }
   if (const char* a = env("H2_MASTER_ADDR")) j.master_addr = a;
-  if (env("H2_MASTER_PORT") != nullptr) j.master_port = integer("H2_MASTER_PORT", 1);
+  if (env("H2_MASTER_PORT") != nullptr) j.master_port = integer("H2_MASTER_PORT", 1, 65535);
   if (const char* t = env("H2_JOB_TOKEN")) j.token = t;
   return j;
 }

@@ -113,6 +113,22 @@ int64_t ConfigNode::as_int() const {
   }
 }
 
+int64_t ConfigNode::int_in(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
+  if (!has(key)) return fallback;
+  const ConfigNode n = at(key);
+  const int64_t v = n.as_int();
+  if (v < lo || v > hi) n.fail(cat("must be an integer in [", lo, ", ", hi, "], got ", v));
+  return v;
+}
+
+double ConfigNode::number_in(const std::string& key, double fallback, double lo, double hi) const {
+  if (!has(key)) return fallback;
+  const ConfigNode n = at(key);
+  const double v = n.as_double();
+  if (!(v >= lo && v <= hi)) n.fail(cat("must be in [", lo, ", ", hi, "], got ", v));
+  return v;
+}
+
 bool ConfigNode::as_bool() const {
   if (!node_.IsScalar()) fail(cat("expected true or false, got ", node_kind(node_)));
   try {

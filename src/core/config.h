@@ -37,6 +37,11 @@ class ConfigNode {
   template <typename T>
   T get(const std::string& key, const T& fallback) const;
 
+  // A field within [lo, hi], or `fallback` when absent; anything else is an error naming the range (no wrap into a
+  // narrower type, no silent clamp, no infinity).
+  int64_t int_in(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const;
+  double number_in(const std::string& key, double fallback, double lo, double hi) const;
+
   // Applies a command-line override "a.b.c=VALUE" (VALUE parsed as YAML) to this tree, creating mappings on
   // the way. Throws Error(kInvalidArgument) for a malformed assignment or a path through a non-mapping.
   void apply_override(const std::string& assignment);

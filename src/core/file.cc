@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -63,6 +64,16 @@ void write_file_atomic(const std::string& path, std::string_view content) {
   AtomicFileWriter writer(path);
   writer.write(content.data(), content.size());
   writer.commit();
+}
+
+void make_directory(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return;
+  if (std::filesystem::exists(path, ec)) {
+    throw Error(ErrorCode::kIo, cat(what, " '", path, "' exists and is not a directory; choose another path"));
+  }
+  std::filesystem::create_directories(path, ec);
+  if (ec) throw Error(ErrorCode::kIo, cat(what, " '", path, "': cannot create the directory: ", ec.message()));
 }
 
 std::string read_file(const std::string& path) {

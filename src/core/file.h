@@ -28,6 +28,9 @@ class AtomicFileWriter {
 };
 
 void write_file_atomic(const std::string& path, std::string_view content);
+// Creates the directory `path` (and its parents) if missing. Error(kIo) names `what` (e.g. "train.out_dir"), the path
+// and the reason: a file in the way, no permission, a full disk.
+void make_directory(const std::string& path, const std::string& what);
 std::string read_file(const std::string& path);
 
 class MappedFile {

@@ -5,6 +5,7 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/hash.h"
 #include "core/rng.h"
 #include "ops/ops.h"
@@ -124,6 +125,30 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                     " must be positive with the sequence at most seq_len = ", config.seq_len));
   }
   if (policy_.slots < 1) throw Error(ErrorCode::kInvalidArgument, cat("model: ", policy_.slots, " activation slots"));
+  // What the model will allocate (costs.h counts it exactly), checked before any of it is: a model far past the
+  // device's memory is an error naming the sizes, not an allocation that exhausts the host on the way.
+  const StageMemory need = stage_memory({.shape = config.shape(),
+                                         .embedding = range.embedding,
+                                         .head = range.head,
+                                         .layers = range.end_block - range.first_block,
+                                         .rows = B,
+                                         .seq = T,
+                                         .tp = tp_.size,
+                                         .tp_rank = tp_.rank,
+                                         .recompute = policy_.recompute,
+                                         .in_flight = policy_.slots});
+  const double bytes =
+      need.weights + need.grads + policy_.slots * need.activations + need.recompute + need.grad_scratch;
+  const double free =
+      static_cast<double>(device.props().mem_capacity_bytes) - static_cast<double>(device.mem_used_bytes());
+  if (device.props().mem_capacity_bytes > 0 && bytes > free) {
+    throw Error(ErrorCode::kOutOfMemory,
+                cat("model: ", range.end_block - range.first_block, " blocks of n_embd ", config.n_embd, " (",
+                    format_bytes(need.weights), " of weights, as much again of gradients, ",
+                    format_bytes(policy_.slots * need.activations), " of activations for batch ", B, " x ", T,
+                    ") need ", format_bytes(bytes), " on device ", device.name(), ", which has ", format_bytes(free),
+                    " free. Hint: fewer layers (model.n_layer), a narrower model, a smaller batch, or recomputation"));
+  }
   const int64_t C = config.n_embd, V = config.vocab_size;
   vocab_ = vocab_shard(V, tp_.rank, tp_.size);
 

@@ -51,7 +51,7 @@ PrepareResult prepare_dataset(const std::vector<std::string>& inputs, const Gpt2
   r.tokens = tokens.size();
   r.val_tokens = static_cast<size_t>(static_cast<double>(tokens.size()) * o.val_fraction);
   r.train_tokens = tokens.size() - r.val_tokens;
-  fs::create_directories(o.out);
+  make_directory(o.out, "data prepare --out");
   for (size_t begin = 0; begin < r.train_tokens; begin += static_cast<size_t>(o.shard_tokens)) {
     const size_t end = std::min(r.train_tokens, begin + static_cast<size_t>(o.shard_tokens));
     char name[32];

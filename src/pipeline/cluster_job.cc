@@ -16,6 +16,7 @@
 #include "core/signals.h"
 #include "pipeline/profile.h"
 #include "planner/catalog.h"
+#include "planner/layout.h"
 #include "planner/report.h"
 
 namespace h2 {
@@ -67,6 +68,7 @@ int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool
                     "plan.json, or take the plan.json of an earlier h2 train --cluster)"));
   }
   in.run.plan = load_plan(files.plan);
+  check_plan_on_cluster(in.run.plan, in.run.cluster, files.plan);
   check_plan_runs(in.run.plan, in.run.config.model);
   const int ranks = stage_layout_of(in.run.plan).world_size();
   if (external && env.world_size != ranks) {
@@ -76,7 +78,7 @@ int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool
   const std::atomic<bool>& stop = stop_on_signals();
   auto job = join_job(env);
   if (external && env.rank == 0) {
-    fs::create_directories(in.run.config.out_dir);
+    make_directory(in.run.config.out_dir, "train.out_dir");
     save_plan(in.run.plan, (fs::path(in.run.config.out_dir) / "plan.json").string());
     write_cluster_file(in.run.cluster, files.cluster, in.run.config.out_dir);
   }
@@ -92,7 +94,7 @@ int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool
 int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOptions& options) {
   ClusterJob in = load_cluster_job(files, resume);
   const std::string& out_dir = in.run.config.out_dir;
-  fs::create_directories(out_dir);
+  make_directory(out_dir, "train.out_dir");
   // The ranks emulate the cluster file's chips; the planner may see the measured ones.
   Cluster planned_on = in.run.cluster;
   if (options.profile) {
@@ -115,6 +117,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     in.run.plan.model = files.model.empty() ? files.config : files.model;
   } else {
     in.run.plan = load_plan(files.plan);
+    check_plan_on_cluster(in.run.plan, in.run.cluster, files.plan);
   }
   std::fputs(format_plan(in.run.plan).c_str(), stdout);
   check_plan_runs(in.run.plan, in.run.config.model);

@@ -356,7 +356,7 @@ RankOutcome RankTraining::train(const std::atomic<bool>* stop_requested) {
         {{"name", a.str()}, {"ph", "X"}, {"pid", rank_}, {"tid", 0}, {"ts", t0 * 1e6}, {"dur", (t1 - t0) * 1e6}});
   };
   if (rank_ == 0) {
-    fs::create_directories(c_.out_dir);
+    make_directory(c_.out_dir, "train.out_dir");
     metrics_ = open_metrics((fs::path(c_.out_dir) / "metrics.jsonl").string(), first_step_);
   }
   RankOutcome out;

@@ -112,6 +112,27 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
   return s;
 }
 
+void check_plan_on_cluster(const Plan& plan, const Cluster& cluster, const std::string& source) {
+  std::vector<int64_t> used(cluster.chips.size(), 0);
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const StagePlan& s = plan.stages[i];
+    const int k = cluster.chip_index(s.chip);
+    if (k < 0) {
+      throw Error(ErrorCode::kConfig, cat(source, ": stage ", i, " runs on chip type '", s.chip, "', which cluster ",
+                                          cluster.name, " does not have; plan for this cluster (h2 plan --cluster)"));
+    }
+    used[static_cast<size_t>(k)] += int64_t{s.tp} * s.dp;
+  }
+  for (size_t k = 0; k < used.size(); ++k) {
+    const int have = cluster.devices_of(static_cast<int>(k));
+    if (used[k] > have) {
+      throw Error(ErrorCode::kConfig,
+                  cat(source, ": the plan runs ", used[k], " ranks on ", cluster.chips[k].name, " devices; cluster ",
+                      cluster.name, " has ", have, ". Plan for this cluster (h2 plan --cluster)"));
+    }
+  }
+}
+
 TrainSetup setup_of(const Plan& plan) {
   TrainSetup t;
   t.global_batch = plan.global_batch;

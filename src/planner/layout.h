@@ -40,6 +40,10 @@ TrainSetup setup_of(const Plan& plan);
 // cost model's or its chip types are not in the cluster.
 LayoutSpec layout_spec_of(const Plan& plan, const CostModel& costs);
 
+// Whether the cluster has the devices a plan runs on: every stage's chip type, and per type at least the plan's
+// ranks (TP x DP of each stage). Error(kConfig) naming the plan file, the stage or type and the counts.
+void check_plan_on_cluster(const Plan& plan, const Cluster& cluster, const std::string& source);
+
 // The plan of exactly this layout: times, memory, prediction; fits false (and why in limited_by) when a device's
 // memory is exceeded.
 Plan cost_layout(const CostModel& costs, const LayoutSpec& spec);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 #include <type_traits>
 
 #include "core/error.h"
@@ -247,7 +248,7 @@ void check_plan(const Plan& p, const std::string& source) {
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const StagePlan& s = p.stages[i];
     const std::string where = cat("stages[", i, "].");
-    if (s.tp < 1) fail(where + "tp", cat("must be >= 1, got ", s.tp));
+    if (s.tp < 1 || s.tp > 1024) fail(where + "tp", cat("must be in 1..1024, got ", s.tp));
     if (s.dp < 1 || rows % s.dp != 0) {
       fail(where + "dp", cat(s.dp, " replicas do not divide a micro-batch's ", rows, " sequences"));
     }
@@ -264,7 +265,9 @@ void check_plan(const Plan& p, const std::string& source) {
                            {s.state_bytes, "state_bytes"},
                            {s.activation_bytes, "activation_bytes"},
                            {s.buffer_bytes, "buffer_bytes"}}) {
-      if (!(v >= 0)) fail(where + name, cat("must be >= 0, got ", v));
+      // Finite and within what one step of any real job could take or hold (a second of a day, a petabyte).
+      const double most = std::string_view(name).ends_with("_s") ? 1e6 : 1e15;
+      if (!(v >= 0 && v <= most)) fail(where + name, cat("must be in [0, ", most, "], got ", v));
     }
     next_layer += s.layers;
     fewest_layers = std::min(fewest_layers, s.layers);
@@ -273,6 +276,12 @@ void check_plan(const Plan& p, const std::string& source) {
     fail("stages", cat("the stages hold ", next_layer, " of the model's ", p.shape.layers, " layers"));
   }
   if (p.chunks < 1) fail("chunks", cat("must be >= 1, got ", p.chunks));
+  // The schedule lists every stage's forward and backward of every micro-batch and chunk: bound it before building.
+  const double actions = 2.0 * static_cast<double>(p.stages.size()) * p.chunks * p.num_micro_batches;
+  if (actions > 5e7) {
+    fail("num_micro_batches", cat(p.stages.size(), " stages x ", p.chunks, " chunks x ", p.num_micro_batches,
+                                  " micro-batches make a schedule of ", actions, " actions; at most 5e7"));
+  }
   if (p.schedule == ScheduleKind::kInterleaved) {
     if (p.chunks > fewest_layers) {
       fail("chunks", cat(p.chunks, " chunks per stage, but a stage has only ", fewest_layers,

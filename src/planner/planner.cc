@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -793,13 +794,21 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     search.tier = tier;
     std::atomic<size_t> next{0};
     std::vector<std::thread> pool;
+    std::exception_ptr failed;  // the first worker's exception, rethrown here (a thread must not let one escape)
     for (unsigned t = 0; t < threads; ++t) {
       pool.emplace_back([&] {
-        for (size_t i; (i = next++) < pairs.size() && !search.out_of_time;)
-          search.enumerate(pairs[i].first, pairs[i].second);
+        try {
+          for (size_t i; (i = next++) < pairs.size() && !search.out_of_time;)
+            search.enumerate(pairs[i].first, pairs[i].second);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(search.mu);
+          if (!failed) failed = std::current_exception();
+          search.out_of_time = true;  // stops the other workers
+        }
       });
     }
     for (std::thread& t : pool) t.join();
+    if (failed) std::rethrow_exception(failed);
     if (search.out_of_time) break;
   }
   search.refine();

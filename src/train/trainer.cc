@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <sstream>
@@ -65,46 +66,30 @@ TrainConfig TrainConfig::from_config(const ConfigNode& root) {
   c.val_data = data.get<std::string>("val", "");
   if (auto optim = root.find("optim")) {
     optim->allow_only({"lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "grad_clip"});
-    c.lr = optim->get<double>("lr", c.lr);
-    c.min_lr = optim->get<double>("min_lr", c.min_lr);
-    c.warmup_steps = optim->get<int64_t>("warmup_steps", c.warmup_steps);
-    c.weight_decay = optim->get<double>("weight_decay", c.weight_decay);
-    c.beta1 = optim->get<double>("beta1", c.beta1);
-    c.beta2 = optim->get<double>("beta2", c.beta2);
-    c.eps = optim->get<double>("eps", c.eps);
-    c.grad_clip = optim->get<double>("grad_clip", c.grad_clip);
-    if (c.lr <= 0) optim->at("lr").fail("must be positive");
-    if (c.min_lr < 0 || c.min_lr > c.lr) optim->at("min_lr").fail("must be in [0, lr]");
-    if (c.warmup_steps < 0) optim->at("warmup_steps").fail("must be >= 0");
-    if (c.beta1 < 0 || c.beta1 >= 1) optim->at("beta1").fail("must be in [0, 1)");
-    if (c.beta2 < 0 || c.beta2 >= 1) optim->at("beta2").fail("must be in [0, 1)");
-    if (c.grad_clip < 0) optim->at("grad_clip").fail("must be >= 0 (0 = no clipping)");
+    c.lr = optim->number_in("lr", c.lr, 1e-12, 100);
+    c.min_lr = optim->number_in("min_lr", c.min_lr, 0, c.lr);
+    c.warmup_steps = optim->int_in("warmup_steps", c.warmup_steps, 0, int64_t{1} << 40);
+    c.weight_decay = optim->number_in("weight_decay", c.weight_decay, 0, 100);
+    c.beta1 = optim->number_in("beta1", c.beta1, 0, 0.999999);
+    c.beta2 = optim->number_in("beta2", c.beta2, 0, 0.999999999);
+    c.eps = optim->number_in("eps", c.eps, 1e-30, 1);
+    c.grad_clip = optim->number_in("grad_clip", c.grad_clip, 0, 1e30);  // 0 = no clipping
   }
   const ConfigNode train = root.at("train");
   train.allow_only({"batch_size", "seq_len", "steps", "seed", "log_every", "eval_every", "eval_batches",
                     "checkpoint_every", "keep_checkpoints", "out_dir"});
-  auto positive = [&](const char* key, int64_t fallback) {
-    const int64_t v = train.get<int64_t>(key, fallback);
-    if (v <= 0) train.at(key).fail(cat("must be positive, got ", v));
-    return v;
-  };
-  auto non_negative = [&](const char* key, int64_t fallback) {
-    const int64_t v = train.get<int64_t>(key, fallback);
-    if (v < 0) train.at(key).fail(cat("must be >= 0, got ", v));
-    return v;
-  };
-  c.batch_size = static_cast<int>(positive("batch_size", c.batch_size));
-  c.seq_len = static_cast<int>(positive("seq_len", c.model.seq_len));
-  if (c.seq_len > c.model.seq_len) {
-    train.at("seq_len").fail(cat(c.seq_len, " exceeds model.seq_len = ", c.model.seq_len));
-  }
-  c.steps = positive("steps", c.steps);
-  c.seed = static_cast<uint64_t>(non_negative("seed", static_cast<int64_t>(c.seed)));
-  c.log_every = positive("log_every", c.log_every);
-  c.eval_every = non_negative("eval_every", c.eval_every);
-  c.eval_batches = static_cast<int>(positive("eval_batches", c.eval_batches));
-  c.checkpoint_every = non_negative("checkpoint_every", c.checkpoint_every);
-  c.keep_checkpoints = static_cast<int>(non_negative("keep_checkpoints", c.keep_checkpoints));
+  // Every count within what one host could run, so nothing wraps into the narrower types it is stored in.
+  constexpr int64_t kMost = int64_t{1} << 40;
+  c.batch_size = static_cast<int>(train.int_in("batch_size", c.batch_size, 1, 1 << 20));
+  c.seq_len = static_cast<int>(train.int_in("seq_len", c.model.seq_len, 1, c.model.seq_len));
+  c.steps = train.int_in("steps", c.steps, 1, kMost);
+  c.seed =
+      static_cast<uint64_t>(train.int_in("seed", static_cast<int64_t>(c.seed), 0, std::numeric_limits<int64_t>::max()));
+  c.log_every = train.int_in("log_every", c.log_every, 1, kMost);
+  c.eval_every = train.int_in("eval_every", c.eval_every, 0, kMost);
+  c.eval_batches = static_cast<int>(train.int_in("eval_batches", c.eval_batches, 1, 1 << 20));
+  c.checkpoint_every = train.int_in("checkpoint_every", c.checkpoint_every, 0, kMost);
+  c.keep_checkpoints = static_cast<int>(train.int_in("keep_checkpoints", c.keep_checkpoints, 0, 1 << 20));
   c.out_dir = train.get<std::string>("out_dir", c.out_dir);
   if (auto device = root.find("device")) {
     device->allow_only({"backend", "chips", "chip", "memory_mib"});
@@ -116,9 +101,7 @@ TrainConfig TrainConfig::from_config(const ConfigNode& root) {
           device->has("chip") ? find_emu_profile(profiles, device->get<std::string>("chip"), chips) : profiles.front();
     }
     if (device->has("memory_mib")) {
-      const int64_t mib = device->get<int64_t>("memory_mib");
-      if (mib <= 0) device->at("memory_mib").fail("must be positive");
-      c.device.mem_capacity_bytes = static_cast<size_t>(mib) << 20;
+      c.device.mem_capacity_bytes = static_cast<size_t>(device->int_in("memory_mib", 0, 1, int64_t{1} << 30)) << 20;
     }
   }
   return c;
@@ -161,7 +144,7 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
     val_loader = std::make_unique<TokenLoader>(expand_glob(c.val_data), c.batch_size, c.seq_len, c.seed, false);
   }
   const std::string checkpoint_dir = (fs::path(c.out_dir) / "checkpoints").string();
-  fs::create_directories(c.out_dir);
+  make_directory(c.out_dir, "train.out_dir");
 
   int64_t step = 0;
   if (options.resume || !options.resume_from.empty()) {

@@ -125,6 +125,9 @@ TEST(CliPlan, PlanSimulateAndBadInput) {
   EXPECT_EQ(e.status, 1);
   EXPECT_THAT(e.output, HasSubstr("field 'groups[0].chip': unknown chip type 'B'"));
   EXPECT_EQ(run_h2("simulate " + plan + " --schedule zigzag").status, 1);
+  const Result chunks = run_h2("simulate " + plan + " --schedule interleaved --chunks 1000000");
+  EXPECT_EQ(chunks.status, 1);
+  EXPECT_THAT(chunks.output, HasSubstr("1000000 chunks per stage, but a stage has only"));
   EXPECT_THAT(run_h2("simulate /nonexistent/plan.json").output, HasSubstr("/nonexistent/plan.json: cannot open"));
 }
 
@@ -247,6 +250,17 @@ TEST_F(CliTraining, BadInputIsNamed) {
   const Result tok = run_h2("data prepare --out " + dir_ + "/x --encoder " + dir_ + "/nope.json " + dir_ + "/a.txt");
   EXPECT_EQ(tok.status, 1);
   EXPECT_THAT(tok.output, HasSubstr("nope.json: cannot open"));
+  // An output directory that is a file, and a model far past the host's memory: errors, not aborts.
+  const std::string file = dir_ + "/a.txt";
+  const Result out_file = run_h2("train --config " + config_ + " --set train.out_dir=" + file);
+  EXPECT_EQ(out_file.status, 1);
+  EXPECT_THAT(out_file.output, HasSubstr("train.out_dir '" + file + "' exists and is not a directory"));
+  const Result prep_file = run_h2("data prepare --out " + file + tok_ + " " + file);
+  EXPECT_EQ(prep_file.status, 1);
+  EXPECT_THAT(prep_file.output, HasSubstr("data prepare --out '" + file + "' exists and is not a directory"));
+  const Result huge = run_h2("train --config " + config_ + " --set model.n_layer=1073741824");
+  EXPECT_EQ(huge.status, 1);
+  EXPECT_THAT(huge.output, HasSubstr("1073741824 blocks of n_embd 16"));
 }
 
 // `h2 train --cluster` end to end on a two-chip emulated cluster (one fast chip with little memory, one slow
@@ -440,8 +454,20 @@ TEST_F(ClusterTraining, ATensorParallelPlanResumesUnderAnotherPlan) {
   plan["stages"][1].update({{"chip", "slow"}, {"tp", 1}, {"dp", 2}, {"first_layer", 1}, {"layers", 3}});
   const std::string tp_plan = dir_ + "/tp_plan.json";
   std::ofstream(tp_plan) << plan.dump(2);
+  // It runs on two chips of each type (the fixture's cluster has one: the plan is refused there).
+  std::string two_each = read_file(cluster_);
+  for (size_t at; (at = two_each.find("chips_per_node: 1")) != std::string::npos;)
+    two_each.replace(at, 17, "chips_per_node: 2");
+  const std::string wide = dir_ + "/two_each.yaml";
+  std::ofstream(wide) << two_each;
+  const Result refused = run_h2(command() + " --plan " + tp_plan);
+  EXPECT_NE(refused.status, 0);
+  EXPECT_THAT(refused.output,
+              HasSubstr("tp_plan.json: the plan runs 2 ranks on fast devices; cluster two-chips has 1"));
+  std::string on_wide = command();
+  on_wide.replace(on_wide.find(cluster_), cluster_.size(), wide);
   // Stopped in step 5 (the learning-rate schedule is the 6-step run's): step 4's checkpoint is the latest.
-  const Result tp = run_h2(command() + " --plan " + tp_plan, "H2_FAULT_KILL=3:5");
+  const Result tp = run_h2(on_wide + " --plan " + tp_plan, "H2_FAULT_KILL=3:5");
   EXPECT_NE(tp.status, 0);
   EXPECT_THAT(tp.output, HasSubstr("launching 4 ranks"));
   EXPECT_THAT(tp.output, HasSubstr("step     4/6"));
@@ -468,7 +494,12 @@ TEST_F(ClusterTraining, ATensorParallelPlanResumesUnderAnotherPlan) {
   // A plan the runtime cannot run is refused before any rank starts, naming the stage.
   plan["stages"][0]["tp"] = 3;
   std::ofstream(tp_plan) << plan.dump(2);
-  const Result bad = run_h2(command() + " --plan " + tp_plan);
+  std::string on_many = command();  // enough devices, so that it is the TP degree that is refused
+  on_many.replace(on_many.find(cluster_), cluster_.size(), wide);
+  std::string many = two_each;
+  for (size_t at; (at = many.find("nodes: 1,")) != std::string::npos;) many.replace(at, 9, "nodes: 2,");
+  std::ofstream(wide) << many;
+  const Result bad = run_h2(on_many + " --plan " + tp_plan);
   EXPECT_NE(bad.status, 0);
   EXPECT_THAT(bad.output, HasSubstr("stage 0 (fast): tp 3 does not divide the model's 2 heads"));
   EXPECT_THAT(bad.output, Not(HasSubstr("launching")));

@@ -105,6 +105,25 @@ TEST(JobEnv, ReadsEachLauncher) {
                   },
                   ErrorCode::kConfig),
               HasSubstr("SLURM_NTASKS is not set"));
+  // A port past 65535 used to wrap (70000 bound 4464).
+  EXPECT_THAT(testing_util::error_of(
+                  [&] {
+                    from({{"H2_MASTER_PORT", "70000"}});
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("H2_MASTER_PORT='70000' is not an integer in [1, 65535]"));
+}
+
+// The store's address may be a host name (Slurm gives them), not only a numeric IPv4 address.
+TEST(Store, ClientsReachTheServerByHostName) {
+  StoreServer server("127.0.0.1", 0, "t");
+  StoreClient c("localhost", server.port(), "t", 2s);
+  c.set("k", "v");
+  EXPECT_EQ(c.get("k"), "v");
+  EXPECT_THAT(testing_util::error_of(
+                  [&] { StoreClient("no-such-host.invalid", server.port(), "t", std::chrono::milliseconds(100)); },
+                  ErrorCode::kConfig),
+              HasSubstr("cannot resolve 'no-such-host.invalid'"));
 }
 
 }  // namespace

@@ -189,6 +189,17 @@ TEST(Gpt, BadConfigsAreErrors) {
               ::testing::HasSubstr("m.yaml:4:13: field 'vocab_size': must be a positive integer"));
 }
 
+// A model far past the device's memory is refused before anything is allocated, naming the sizes (it used to grow
+// the host's memory to 18 GB and end in bad_alloc).
+TEST(Gpt, AModelPastTheDevicesMemoryIsRefusedBeforeAllocating) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu", .mem_capacity_bytes = size_t{64} << 20});
+  GptConfig huge = kTiny;
+  huge.n_layer = 1 << 30;
+  EXPECT_THAT(testing_util::error_of([&] { Gpt(huge, *dev, GptRange::whole(huge), 2, 6); }, ErrorCode::kOutOfMemory),
+              ::testing::HasSubstr("1073741824 blocks of n_embd 8"));
+  EXPECT_EQ(dev->mem_used_bytes(), 0u);
+}
+
 // Recomputation runs once per block in backward, and only under a recomputing policy; the model times it (the
 // figure bench_recompute sets beside the cost model's), so the time is zero exactly when nothing was recomputed.
 TEST(Gpt, CountsAndTimesItsRecomputation) {

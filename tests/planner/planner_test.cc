@@ -295,5 +295,46 @@ TEST(Plan, JsonRoundTripAndVersion) {
               HasSubstr("p.json: field 'precision': \"fp8\" is not a precision"));
 }
 
+// What the simulator or the runtime could not run is refused when the plan is read (the simulator used to assert on
+// a negative send time, and a huge time or micro-batch count grew without bound), and a plan's ranks must exist in
+// the cluster (a DP-64 plan on a 4-device cluster started 128 processes).
+TEST(Plan, LoaderRejectsWhatCannotRunAndTheClusterMustHoldItsRanks) {
+  const Cluster cluster = cluster_of(kSmallCluster);
+  const CostModel costs(cluster, small_model(6), TrainSetup{.global_batch = 8});
+  const Plan plan = plan_training(costs, PlannerOptions{});
+  const auto with = [&](const std::function<void(Plan&)>& change) {
+    Plan p = plan;
+    change(p);
+    return error_of([&] { Plan::from_json(p.to_json(), "p.json"); }, ErrorCode::kConfig);
+  };
+  EXPECT_THAT(with([](Plan& p) { p.stages[0].send_s = -1; }),
+              HasSubstr("field 'stages[0].send_s': must be in [0, 1e+06], got -1"));
+  EXPECT_THAT(with([](Plan& p) { p.stages[0].forward_s = 1e308; }),
+              HasSubstr("field 'stages[0].forward_s': must be in [0, 1e+06], got 1e+308"));
+  EXPECT_THAT(with([](Plan& p) { p.stages[0].state_bytes = 1e300; }), HasSubstr("must be in [0, 1e+15]"));
+  EXPECT_THAT(with([](Plan& p) {
+                p.global_batch = int64_t{1} << 30;
+                p.num_micro_batches = static_cast<int>((int64_t{1} << 30) / (int64_t{p.dp} * p.micro_batch));
+              }),
+              HasSubstr("at most 5e7"));
+  check_plan_on_cluster(plan, cluster, "p.json");
+  Plan wide = plan;
+  wide.stages[0].dp *= 64;
+  EXPECT_THAT(error_of([&] { check_plan_on_cluster(wide, cluster, "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: the plan runs "));
+  wide.stages[0].chip = "TPU";
+  EXPECT_THAT(error_of([&] { check_plan_on_cluster(wide, cluster, "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: stage 0 runs on chip type 'TPU', which cluster small does not have"));
+}
+
+// An error inside the search's worker threads reaches the caller as an error (it used to end the process).
+TEST(Search, AnErrorInAWorkerThreadReachesTheCaller) {
+  Cluster c = cluster_of(kSmallCluster);
+  c.links.clear();  // built in code, not loaded: nothing checked that the types are linked
+  const CostModel costs(c, small_model(6), TrainSetup{.global_batch = 8});
+  EXPECT_THAT(error_of([&] { plan_training(costs, PlannerOptions{.threads = 2}); }, ErrorCode::kNotFound),
+              HasSubstr("no link between chip types"));
+}
+
 }  // namespace
 }  // namespace h2

@@ -319,7 +319,23 @@ TEST(TrainConfig, ReadsYamlAndNamesBadFields) {
                     TrainConfig::from_config(r);
                   },
                   ErrorCode::kConfig),
-              HasSubstr("field 'train.batch_size': must be positive"));
+              HasSubstr("field 'train.batch_size': must be an integer in [1, 1048576], got 0"));
+  // Values that used to wrap into narrower types or pass unchecked.
+  for (auto [set, want] : {std::pair{"train.batch_size=4294967298", "'train.batch_size': must be an integer in"},
+                           {"train.keep_checkpoints=4294967296", "'train.keep_checkpoints': must be an integer in"},
+                           {"optim.eps=0", "'optim.eps': must be in [1e-30, 1], got 0"},
+                           {"optim.lr=.inf", "'optim.lr': must be in"},
+                           {"optim.grad_clip=-1", "'optim.grad_clip': must be in [0, "}}) {
+    EXPECT_THAT(error_of(
+                    [&] {
+                      ConfigNode r = ConfigNode::parse_string(yaml, "t.yaml");
+                      r.apply_override(set);
+                      TrainConfig::from_config(r);
+                    },
+                    ErrorCode::kConfig),
+                HasSubstr(want))
+        << set;
+  }
   EXPECT_THAT(error_of(
                   [&] {
                     ConfigNode r = ConfigNode::parse_string(yaml, "t.yaml");
