@@ -15,9 +15,9 @@ esac
 # Why each package: compiler and build tools; OpenBLAS in its OpenMP flavour (one thread pool shared with our
 # kernels); yaml-cpp for cluster/model/train files; CLI11 for the h2 command; nlohmann-json for JSON files
 # (tokenizer, checkpoints, plans); UCX for DiComm's transport between processes and hosts; GoogleTest/GoogleMock
-# for tests; iproute2 for the two-host test (network namespaces and a veth pair).
+# for tests; iproute2 for the two-host test (network namespaces and a veth pair); zlib for the checkpoints' CRC-32.
 packages=(g++ cmake make pkg-config libopenblas-openmp-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libucx-dev
-  libgtest-dev libgmock-dev iproute2)
+  libgtest-dev libgmock-dev iproute2 zlib1g-dev)
 
 missing=()
 for p in "${packages[@]}"; do

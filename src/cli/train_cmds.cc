@@ -63,8 +63,10 @@ struct SampleCmd {
 };
 
 int run_sample(const SampleCmd& o) {
+  std::vector<std::string> skipped;
   const std::string ckpt =
-      o.checkpoint.empty() ? latest_checkpoint((fs::path(o.run) / "checkpoints").string()) : o.checkpoint;
+      o.checkpoint.empty() ? resume_checkpoint((fs::path(o.run) / "checkpoints").string(), &skipped) : o.checkpoint;
+  for (const std::string& s : skipped) std::fprintf(stderr, "warning: not sampling from %s\n", s.c_str());
   const CheckpointState state = read_checkpoint_state(ckpt);
   const Gpt2Tokenizer tok = Gpt2Tokenizer::load(o.encoder, o.vocab);
   auto device = create_device(DeviceSpec{.backend = "cpu"});

@@ -155,6 +155,7 @@ class RankTraining {
   const int T_, M_, rows_;   // rows: a micro-batch's sequences over all of a stage's replicas
   const Schedule schedule_;  // 1F1B, lowered
   const std::string checkpoint_dir_;
+  std::string resumed_from_;  // the checkpoint this run resumed from, which retention keeps
   std::unique_ptr<Device> device_;
   std::unique_ptr<StageRunner> runner_;
   std::unique_ptr<TokenLoader> loader_, val_loader_;
@@ -193,7 +194,12 @@ void RankTraining::load_data() {
 
 void RankTraining::restore() {
   if (!run_.resume) return;
-  const std::string latest = latest_checkpoint(checkpoint_dir_);
+  std::vector<std::string> skipped;
+  const std::string latest = resume_checkpoint(checkpoint_dir_, &skipped);
+  if (rank_ == 0) {
+    for (const std::string& s : skipped) std::printf("warning: not resuming from %s\n", s.c_str());
+  }
+  resumed_from_ = latest;
   const CheckpointState state = read_checkpoint_state(latest);
   check_checkpoint_model(state, c_.model, latest);
   std::vector<float> mom, vel;
@@ -226,7 +232,7 @@ void RankTraining::save(int64_t done) {
     write_checkpoint_state(
         (fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(),
         CheckpointState{.step = done, .model = c_.model, .data = loader_->position(), .data_seed = c_.seed});
-    commit_checkpoint(checkpoint_dir_, done, c_.keep_checkpoints);
+    commit_checkpoint(checkpoint_dir_, done, c_.keep_checkpoints, resumed_from_);
   }
   world_.barrier();
 }

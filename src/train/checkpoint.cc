@@ -1,7 +1,10 @@
 // Checkpoint saving and loading (see checkpoint.h for the layout and the crash guarantees).
 #include "train/checkpoint.h"
 
+#include <zlib.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -35,6 +38,85 @@ std::vector<int64_t> dims(const Shape& s) {
   std::vector<int64_t> d;
   for (int i = 0; i < s.rank(); ++i) d.push_back(s[i]);
   return d;
+}
+
+size_t bytes_of(const SafetensorsEntry& e) {
+  size_t n = dtype_size(e.dtype);
+  for (int64_t d : e.shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+uint32_t crc_of(const SafetensorsEntry& e) {
+  // zlib's crc32 takes at most 4 GiB a call.
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(e.data);
+  for (size_t left = bytes_of(e); left > 0;) {
+    const uInt n = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
+    crc = ::crc32(crc, p, n);
+    p += n;
+    left -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::vector<std::string> safetensors_in(const std::string& folder) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string n = entry.path().filename().string();
+    if (n.ends_with(".safetensors")) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The files a load reads, each checked against the manifest: size, every tensor's checksum, finite values.
+// A version-1 checkpoint has no manifest: its files are read as they are.
+std::vector<std::unique_ptr<SafetensorsFile>> open_verified(const std::string& checkpoint,
+                                                            const CheckpointState& state) {
+  std::vector<std::unique_ptr<SafetensorsFile>> out;
+  if (state.files.empty()) {
+    for (const std::string& n : safetensors_in(checkpoint)) {
+      out.push_back(std::make_unique<SafetensorsFile>((fs::path(checkpoint) / n).string()));
+    }
+    return out;
+  }
+  for (const auto& [name, want] : state.files) {
+    const std::string path = (fs::path(checkpoint) / name).string();
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (ec) throw Error(ErrorCode::kIo, cat(path, ": missing (the checkpoint's manifest names it)"));
+    if (size != want.bytes) {
+      throw Error(ErrorCode::kIo,
+                  cat(path, ": ", size, " bytes, the manifest says ", want.bytes, " (truncated or overwritten)"));
+    }
+    auto file = std::make_unique<SafetensorsFile>(path);
+    for (const SafetensorsEntry& e : file->entries()) {
+      const auto it = want.crc32.find(e.name);
+      if (it == want.crc32.end())
+        throw Error(ErrorCode::kIo, cat(path, ": tensor '", e.name, "' is not in the manifest"));
+      const uint32_t crc = crc_of(e);
+      if (crc != it->second) {
+        throw Error(ErrorCode::kIo, cat(path, ": tensor '", e.name, "' does not match its checksum (CRC-32 ", crc,
+                                        ", saved ", it->second, "): the file is corrupt"));
+      }
+      if (e.dtype == DType::kF32) {
+        const auto* v = static_cast<const float*>(e.data);
+        const size_t n = bytes_of(e) / 4;
+        for (size_t i = 0; i < n; ++i) {
+          if (!std::isfinite(v[i])) {
+            throw Error(ErrorCode::kIo, cat(path, ": tensor '", e.name, "' holds ", v[i], " at element ", i,
+                                            ": the run had diverged when it was saved"));
+          }
+        }
+      }
+    }
+    if (file->entries().size() != want.crc32.size()) {
+      throw Error(ErrorCode::kIo,
+                  cat(path, ": ", file->entries().size(), " tensors, the manifest names ", want.crc32.size()));
+    }
+    out.push_back(std::move(file));
+  }
+  return out;
 }
 
 }  // namespace
@@ -102,7 +184,7 @@ void write_model_files(const std::string& folder, const std::string& part, const
 }
 
 void write_checkpoint_state(const std::string& folder, const CheckpointState& state) {
-  const nlohmann::ordered_json json = {
+  nlohmann::ordered_json json = {
       {"format", "h2-checkpoint"},
       {"version", kCheckpointVersion},
       {"step", state.step},
@@ -112,12 +194,20 @@ void write_checkpoint_state(const std::string& folder, const CheckpointState& st
         {"n_embd", state.model.n_embd},
         {"vocab_size", state.model.vocab_size},
         {"seq_len", state.model.seq_len}}},
-      {"data", {{"seed", state.data_seed}, {"epoch", state.data.epoch}, {"batch", state.data.batch}}},
-      {"files", {{"model", "model*.safetensors"}, {"optimizer", "optimizer*.safetensors"}}}};
+      {"data", {{"seed", state.data_seed}, {"epoch", state.data.epoch}, {"batch", state.data.batch}}}};
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  for (const std::string& name : safetensors_in(folder)) {
+    const std::string path = (fs::path(folder) / name).string();
+    const SafetensorsFile file(path);
+    nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
+    for (const SafetensorsEntry& e : file.entries()) crcs[e.name] = crc_of(e);
+    files[name] = {{"bytes", fs::file_size(path)}, {"crc32", crcs}};
+  }
+  json["files"] = files;
   write_file_atomic((fs::path(folder) / "state.json").string(), json.dump(2) + "\n");
 }
 
-std::string commit_checkpoint(const std::string& dir, int64_t step, int keep) {
+std::string commit_checkpoint(const std::string& dir, int64_t step, int keep, const std::string& protect) {
   const std::string name = checkpoint_name(step);
   const fs::path final_dir = fs::path(dir) / name, tmp_dir = fs::path(dir) / (name + ".tmp");
   std::error_code ec;
@@ -134,18 +224,21 @@ std::string commit_checkpoint(const std::string& dir, int64_t step, int keep) {
       if (entry.is_directory() && n.starts_with("step_") && !n.ends_with(".tmp")) all.push_back(entry.path());
     }
     std::sort(all.begin(), all.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+    const std::string kept = protect.empty() ? "" : fs::path(protect).filename().string();
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+      if (all[i].filename().string() != kept) fs::remove_all(all[i], ec);
+    }
   }
   return final_dir.string();
 }
 
 std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerState& optimizer,
-                            const CheckpointState& state, int keep) {
+                            const CheckpointState& state, int keep, const std::string& protect) {
   const std::string folder = begin_checkpoint(dir, state.step);
   const std::vector<float> m = to_host(optimizer.m), v = to_host(optimizer.v);
   write_model_files(folder, "", saved_params(model, m.data(), v.data(), nullptr));
   write_checkpoint_state(folder, state);
-  return commit_checkpoint(dir, state.step, keep);
+  return commit_checkpoint(dir, state.step, keep, protect);
 }
 
 std::string latest_checkpoint(const std::string& dir) {
@@ -164,7 +257,8 @@ CheckpointState read_checkpoint_state(const std::string& checkpoint) {
   try {
     const nlohmann::json json = nlohmann::json::parse(read_file(path));
     if (json.at("format") != "h2-checkpoint") throw Error(ErrorCode::kIo, cat(path, ": not an H2 checkpoint"));
-    if (json.at("version") != kCheckpointVersion) {
+    const int version = json.at("version").get<int>();
+    if (version != 1 && version != kCheckpointVersion) {
       throw Error(ErrorCode::kIo, cat(path, ": checkpoint version ", json.at("version").dump(), " (this build reads ",
                                       kCheckpointVersion, ")"));
     }
@@ -175,6 +269,17 @@ CheckpointState read_checkpoint_state(const std::string& checkpoint) {
     const auto& d = json.at("data");
     state.data_seed = d.at("seed").get<uint64_t>();
     state.data = {d.at("epoch").get<uint64_t>(), d.at("batch").get<uint64_t>()};
+    if (version >= 2) {
+      for (const auto& [name, f] : json.at("files").items()) {
+        if (name.find('/') != std::string::npos || !name.ends_with(".safetensors")) {
+          throw Error(ErrorCode::kIo, cat(path, ": the manifest names '", name, "', not a checkpoint file"));
+        }
+        ManifestFile m{.bytes = f.at("bytes").get<uint64_t>(), .crc32 = {}};
+        for (const auto& [tensor, crc] : f.at("crc32").items()) m.crc32[tensor] = crc.get<uint32_t>();
+        state.files[name] = std::move(m);
+      }
+      if (state.files.empty()) throw Error(ErrorCode::kIo, cat(path, ": the manifest names no file"));
+    }
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kIo, cat(path, ": malformed checkpoint state: ", e.what()));
   }
@@ -196,16 +301,49 @@ void check_checkpoint_model(const CheckpointState& state, const GptConfig& confi
   }
 }
 
-void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vector<float>* m, std::vector<float>* v) {
-  // Every part's files: a single-device checkpoint has one, a pipelined run's one per stage.
-  std::vector<std::unique_ptr<SafetensorsFile>> params, moments;
-  for (const auto& entry : fs::directory_iterator(checkpoint)) {
+void verify_checkpoint(const std::string& checkpoint) { open_verified(checkpoint, read_checkpoint_state(checkpoint)); }
+
+std::string resume_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
+  std::vector<std::string> candidates, reasons;
+  try {
+    candidates.push_back(latest_checkpoint(dir));
+  } catch (const Error& e) {
+    reasons.push_back(e.what());
+  }
+  std::error_code ec;
+  std::vector<std::string> steps;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string n = entry.path().filename().string();
-    if (!n.ends_with(".safetensors")) continue;
-    if (n.starts_with("model")) params.push_back(std::make_unique<SafetensorsFile>(entry.path().string()));
-    if (n.starts_with("optimizer") && m != nullptr) {
-      moments.push_back(std::make_unique<SafetensorsFile>(entry.path().string()));
+    if (entry.is_directory() && n.starts_with("step_") && !n.ends_with(".tmp")) steps.push_back(entry.path().string());
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (const std::string& s : steps) {
+    if (candidates.empty() || fs::path(s).filename() != fs::path(candidates.front()).filename())
+      candidates.push_back(s);
+  }
+  for (const std::string& c : candidates) {
+    try {
+      verify_checkpoint(c);
+      return c;
+    } catch (const Error& e) {
+      reasons.push_back(cat(c, ": ", e.what()));
+      if (skipped != nullptr) skipped->push_back(reasons.back());
     }
+  }
+  std::string all;
+  for (const std::string& r : reasons) all += "\n  " + r;
+  throw Error(ErrorCode::kNotFound, cat(dir, ": no checkpoint to resume from verifies:", all));
+}
+
+void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vector<float>* m, std::vector<float>* v) {
+  // The manifest's files, verified: a single-device checkpoint has one pair, a pipelined run's one per stage.
+  std::vector<std::unique_ptr<SafetensorsFile>> params, moments;
+  for (auto& file : open_verified(checkpoint, read_checkpoint_state(checkpoint))) {
+    const std::string n = fs::path(file->path()).filename().string();
+    if (n.starts_with("model"))
+      params.push_back(std::move(file));
+    else if (n.starts_with("optimizer") && m != nullptr)
+      moments.push_back(std::move(file));
   }
   auto find = [&](const std::vector<std::unique_ptr<SafetensorsFile>>& files, const std::string& name,
                   const char* what) -> const SafetensorsEntry& {

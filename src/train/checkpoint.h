@@ -3,7 +3,10 @@
 //   <dir>/step_000100/optimizer.safetensors  AdamW moments "m.<name>", "v.<name>" (H2's layout)
 //     (a pipelined run writes one pair per stage, model.stage<k>.safetensors and optimizer.stage<k>...; a
 //      reader looks every parameter up by name in whichever file holds it)
-//   <dir>/step_000100/state.json             format version, step, model config, data position, file names
+//   <dir>/step_000100/state.json             format version, step, model config, data position, and the manifest:
+//                                            every file's size and each of its tensors' CRC-32, as written
+//   (a load reads only the files the manifest names and verifies each tensor's checksum and that every value is
+//    finite; a resume falls back to the newest checkpoint that verifies)
 //   <dir>/latest                             the name of the newest complete checkpoint
 // A save writes into "step_000100.tmp", renames it into place and only then points `latest` at it, so a crash
 // at any moment leaves the previous checkpoint intact and `latest` naming a complete one. Checkpoints are per
@@ -12,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,18 +26,25 @@
 
 namespace h2 {
 
-inline constexpr int kCheckpointVersion = 1;
+inline constexpr int kCheckpointVersion = 2;  // 2: the manifest; version 1 (no checksums) loads unverified
+
+// A checkpoint file as the manifest records it.
+struct ManifestFile {
+  uint64_t bytes = 0;
+  std::map<std::string, uint32_t> crc32;  // per tensor, over its bytes (zlib's CRC-32)
+};
 
 struct CheckpointState {
   int64_t step = 0;  // optimizer steps completed
   GptConfig model;
   LoaderPosition data;
   uint64_t data_seed = 0;
+  std::map<std::string, ManifestFile> files;  // read from state.json; the writer records the folder's files itself
 };
 
 // Saves into `dir`/step_NNNNNN and keeps the newest `keep` checkpoints (0 = all). Returns the folder written.
 std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerState& optimizer,
-                            const CheckpointState& state, int keep);
+                            const CheckpointState& state, int keep, const std::string& protect = "");
 
 // The pieces of save_checkpoint, for runs whose model is split over processes (pipeline/hetero_train.cc):
 // one process begins (the empty "<name>.tmp" folder), each writes its part's files, one writes the state and
@@ -55,8 +66,11 @@ std::vector<SavedParam> saved_params(Gpt& model, const float* m, const float* v,
                                      const std::function<void(std::vector<float>&)>& tp_sum = nullptr);
 // model<part>.safetensors and optimizer<part>.safetensors.
 void write_model_files(const std::string& folder, const std::string& part, const std::vector<SavedParam>& params);
+// Writes state.json with the manifest of the folder's safetensors files as they are on disk.
 void write_checkpoint_state(const std::string& folder, const CheckpointState& state);
-std::string commit_checkpoint(const std::string& dir, int64_t step, int keep);
+// Moves the folder into place, points `latest` at it and removes the oldest beyond the newest `keep` (0 = none),
+// never `protect` (the checkpoint a run resumed from).
+std::string commit_checkpoint(const std::string& dir, int64_t step, int keep, const std::string& protect = "");
 
 // Fills every parameter of `model` (any range, any tensor-parallel shard) by name from the checkpoint's model files,
 // and when m and v are given, the moments into them (laid out like the flat parameters). Errors name the checkpoint and
@@ -65,6 +79,14 @@ void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vec
 
 // The folder `latest` names in `dir`; Error(kNotFound) when there is none.
 std::string latest_checkpoint(const std::string& dir);
+
+// Error(kIo) naming the file, the tensor and what is wrong when a checkpoint does not verify: a file of the
+// manifest missing or of another size, a tensor's checksum, a NaN or infinite value.
+void verify_checkpoint(const std::string& checkpoint);
+
+// The checkpoint to resume from in `dir`: `latest` if it verifies, else the newest step_* that does; each one
+// skipped is added to `skipped` with the reason. Error(kNotFound) when none verifies, with every reason.
+std::string resume_checkpoint(const std::string& dir, std::vector<std::string>* skipped);
 
 // Error(kConfig) naming the checkpoint and the first field that differs when `state` is of another model than
 // `config` (layers, heads, width, vocabulary, sequence length).

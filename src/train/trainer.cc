@@ -147,8 +147,11 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   make_directory(c.out_dir, "train.out_dir");
 
   int64_t step = 0;
+  std::string from;  // the checkpoint resumed from, which retention keeps
   if (options.resume || !options.resume_from.empty()) {
-    const std::string from = options.resume_from.empty() ? latest_checkpoint(checkpoint_dir) : options.resume_from;
+    std::vector<std::string> skipped;
+    from = options.resume_from.empty() ? resume_checkpoint(checkpoint_dir, &skipped) : options.resume_from;
+    for (const std::string& s : skipped) log_warn("not resuming from ", s);
     const CheckpointState state = read_checkpoint_state(from);
     check_checkpoint_model(state, c.model, from);
     if (state.data_seed != c.seed) {
@@ -194,7 +197,7 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   };
   auto checkpoint = [&] {
     save_checkpoint(checkpoint_dir, model, optimizer, CheckpointState{step, c.model, train_loader.position(), c.seed},
-                    c.keep_checkpoints);
+                    c.keep_checkpoints, from);
   };
 
   const double t_start = monotonic_seconds();

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -269,28 +270,75 @@ TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
   fs::remove_all(dir);
 }
 
-TEST(Checkpoint, DamagedFilesAreClearErrorsAndThePreviousOneSurvives) {
+// Flips one bit of a file at `offset` from its end.
+void flip_bit(const std::string& path, uintmax_t from_end) {
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  f.seekg(static_cast<std::streamoff>(fs::file_size(path) - from_end));
+  char byte = 0;
+  f.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x40);  // an exponent bit of the last float's top byte, for from_end 1
+  f.seekp(static_cast<std::streamoff>(fs::file_size(path) - from_end));
+  f.write(&byte, 1);
+}
+
+// A damaged checkpoint is never loaded silently: a truncated file, garbage in a header, one flipped bit (which
+// used to resume with another loss and no warning) and a NaN weight are errors naming the file and the tensor;
+// --resume falls back to the newest checkpoint that verifies and says which it skipped and why; a stray file the
+// manifest does not name is not read.
+TEST(Checkpoint, DamagedCheckpointsAreRefusedAndResumeFallsBack) {
   TrainConfig c = tiny_config("ckpt_damage", "cpu");
-  c.steps = 4;
+  c.steps = 6;
   c.checkpoint_every = 2;
-  train(c, {.quiet = true});
+  c.keep_checkpoints = 0;
+  const TrainResult straight = train(c, {.quiet = true});
   const std::string dir = c.out_dir + "/checkpoints";
   const std::string newest = latest_checkpoint(dir);
-  ASSERT_TRUE(fs::exists(dir + "/step_000002/model.safetensors"));
-  // Truncate the newest model file.
-  const std::string model = newest + "/model.safetensors";
-  fs::resize_file(model, fs::file_size(model) / 2);
+  ASSERT_TRUE(newest.ends_with("step_000006"));
+  verify_checkpoint(newest);
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   Gpt m(c.model, *dev, GptRange::whole(c.model), 1, 4);
+  // One flipped bit in the last tensor of step 6's model file.
+  const std::string model = newest + "/model.safetensors";
+  flip_bit(model, 1);
   EXPECT_THAT(error_of([&] { load_checkpoint(newest, m, nullptr); }, ErrorCode::kIo),
-              HasSubstr("model.safetensors: not a valid safetensors file"));
-  // Garbage in the header.
-  std::ofstream(model, std::ios::binary | std::ios::trunc) << std::string("\x10\0\0\0\0\0\0\0{not json}      ", 24);
-  EXPECT_THAT(error_of([&] { load_checkpoint(newest, m, nullptr); }, ErrorCode::kIo), HasSubstr("header is not JSON"));
-  // The previous checkpoint is intact and resumable.
-  load_checkpoint(dir + "/step_000002", m, nullptr);
-  const TrainResult r = train(c, {.resume_from = dir + "/step_000002", .quiet = true});
-  EXPECT_EQ(r.steps_done, 4);
+              HasSubstr("model.safetensors: tensor '"));
+  EXPECT_THAT(error_of([&] { verify_checkpoint(newest); }, ErrorCode::kIo), HasSubstr("does not match its checksum"));
+  // Step 4's optimizer file truncated.
+  const std::string optimizer = dir + "/step_000004/optimizer.safetensors";
+  fs::resize_file(optimizer, fs::file_size(optimizer) / 2);
+  EXPECT_THAT(
+      error_of([&] { verify_checkpoint(dir + "/step_000004"); }, ErrorCode::kIo),
+      HasSubstr("optimizer.safetensors: " + std::to_string(fs::file_size(optimizer)) + " bytes, the manifest says"));
+  // A stray file beside step 2's holding other weights is not read.
+  fs::copy_file(newest + "/model.safetensors", dir + "/step_000002/model-00.safetensors");
+  verify_checkpoint(dir + "/step_000002");
+  // --resume skips steps 6 and 4, names why, resumes from step 2 and ends where the straight run ended.
+  std::vector<std::string> skipped;
+  EXPECT_TRUE(resume_checkpoint(dir, &skipped).ends_with("step_000002"));
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_THAT(skipped[0], HasSubstr("step_000006: "));
+  EXPECT_THAT(skipped[1], HasSubstr("step_000004: "));
+  c.keep_checkpoints = 1;  // retention keeps the checkpoint it resumed from beside the newest
+  const TrainResult resumed = train(c, {.resume = true, .quiet = true});
+  EXPECT_EQ(resumed.losses.size(), 4u);
+  EXPECT_EQ(resumed.last_loss, straight.last_loss);
+  EXPECT_TRUE(fs::exists(dir + "/step_000002"));
+  EXPECT_TRUE(fs::exists(dir + "/step_000006"));
+  EXPECT_FALSE(fs::exists(dir + "/step_000004"));
+  // A NaN weight is refused even when its checksum matches (the run had diverged when it saved).
+  Gpt nan_model(c.model, *dev, GptRange::whole(c.model), 1, 4);
+  nan_model.init(1);
+  nan_model.params()[0].value.data_as<float>()[3] = std::nanf("");
+  const std::string nan_dir = c.out_dir + "/nan";
+  save_checkpoint(nan_dir, nan_model,
+                  OptimizerState{dev->zeros(DType::kF32, {nan_model.num_params()}),
+                                 dev->zeros(DType::kF32, {nan_model.num_params()})},
+                  CheckpointState{.step = 1, .model = c.model}, 0);
+  EXPECT_THAT(error_of([&] { load_checkpoint(latest_checkpoint(nan_dir), m, nullptr); }, ErrorCode::kIo),
+              HasSubstr("tensor 'wte.weight' holds nan at element 3"));
+  // Nothing verifies: the error lists every reason.
+  EXPECT_THAT(error_of([&] { resume_checkpoint(c.out_dir + "/none", nullptr); }, ErrorCode::kNotFound),
+              HasSubstr("no checkpoint to resume from verifies"));
 }
 
 TEST(TrainConfig, ReadsYamlAndNamesBadFields) {
