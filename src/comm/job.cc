@@ -39,6 +39,7 @@ std::unique_ptr<Job> join_job(const JobEnv& env, CommOptions options) {
   if (const auto ms = integer_env("H2_COMM_TIMEOUT_MS", 1)) options.timeout = std::chrono::milliseconds(*ms);
   UcxOptions ucx;
   if (const auto bytes = integer_env("H2_COMM_WINDOW_BYTES", 0)) ucx.window_bytes = static_cast<size_t>(*bytes);
+  ucx.loopback_only = env.master_addr == "localhost" || env.master_addr.starts_with("127.");
   auto job = std::make_unique<Job>();
   job->env = env;
   if (const char* id = std::getenv("H2_HOST_ID")) {

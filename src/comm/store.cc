@@ -75,8 +75,8 @@ sockaddr_in resolve(const std::string& host, int port, const std::string& what) 
   addrinfo* found = nullptr;
   const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
   if (rc != 0 || found == nullptr) {
-    throw Error(ErrorCode::kConfig, cat(what, ": cannot resolve '", host, "' to an IPv4 address (H2_MASTER_ADDR): ",
-                                        ::gai_strerror(rc)));
+    throw Error(ErrorCode::kConfig,
+                cat(what, ": cannot resolve '", host, "' to an IPv4 address (H2_MASTER_ADDR): ", ::gai_strerror(rc)));
   }
   addr.sin_addr = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
   ::freeaddrinfo(found);
@@ -87,6 +87,7 @@ sockaddr_in resolve(const std::string& host, int port, const std::string& what) 
 
 struct StoreServer::State {
   std::string token;
+  StoreLimits limits;
   int listen_fd = -1;
   int wake[2] = {-1, -1};
   std::thread thread;
@@ -95,6 +96,7 @@ struct StoreServer::State {
 
   struct Client {
     std::string in;
+    std::chrono::steady_clock::time_point since;  // connected at
     bool authed = false;
     int rank = -1;      // set by 'R': this connection is that rank's lifeline
     bool left = false;  // said 'Q' before closing: a clean exit, not a death
@@ -181,24 +183,41 @@ struct StoreServer::State {
     }
   }
 
+  int unauthenticated() const {
+    int n = 0;
+    for (const auto& [fd, c] : clients) n += c.authed ? 0 : 1;
+    return n;
+  }
+
   void serve() {
     while (true) {
       std::vector<pollfd> fds = {{listen_fd, POLLIN, 0}, {wake[0], POLLIN, 0}};
       for (const auto& [fd, c] : clients) fds.push_back({fd, POLLIN, 0});
-      if (::poll(fds.data(), fds.size(), -1) < 0) {
+      // Wake at least every 100 ms while a client has yet to show its token, to close it when its time is up.
+      if (::poll(fds.data(), fds.size(), unauthenticated() > 0 ? 100 : -1) < 0) {
         if (errno == EINTR) continue;
         return;
       }
       if (fds[1].revents != 0) return;  // shutdown
+      const auto now = std::chrono::steady_clock::now();
+      std::vector<int> late;
+      for (const auto& [fd, c] : clients) {
+        if (!c.authed && now - c.since > limits.hello_timeout) late.push_back(fd);
+      }
+      for (int fd : late) drop(fd, true);
       if (fds[0].revents & POLLIN) {
         const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) {
-          clients[fd] = Client{};
+        if (fd >= 0 && (static_cast<int>(clients.size()) >= limits.max_clients ||
+                        unauthenticated() >= limits.max_unauthenticated)) {
+          ::close(fd);  // over the limits: refused before it can hold anything
+          ++rejected;
+        } else if (fd >= 0) {
+          clients[fd] = Client{.since = now};
           ++connected;
         }
       }
       for (size_t i = 2; i < fds.size(); ++i) {
-        if (fds[i].revents == 0) continue;
+        if (fds[i].revents == 0 || clients.count(fds[i].fd) == 0) continue;  // (closed above for being late)
         const int fd = fds[i].fd;
         char buf[65536];
         const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
@@ -213,7 +232,7 @@ struct StoreServer::State {
         while (ok && c.in.size() >= 4) {
           uint32_t len;
           std::memcpy(&len, c.in.data(), 4);
-          if (len == 0 || len > kMaxFrameBytes) {
+          if (len == 0 || len > (c.authed ? kMaxFrameBytes : kMaxHelloBytes)) {
             ok = false;  // an impossible length: drop this client, serve the others
             break;
           }
@@ -229,8 +248,10 @@ struct StoreServer::State {
   }
 };
 
-StoreServer::StoreServer(const std::string& host, int port, std::string token) : state_(std::make_unique<State>()) {
+StoreServer::StoreServer(const std::string& host, int port, std::string token, StoreLimits limits)
+    : state_(std::make_unique<State>()) {
   state_->token = std::move(token);
+  state_->limits = limits;
   const std::string where = cat("rendezvous store ", host, ":", port);
   const sockaddr_in addr = resolve(host, port, where);
   state_->listen_fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

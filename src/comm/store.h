@@ -3,7 +3,9 @@
 // addresses) and wait for each other's keys.
 //
 // Security and robustness: the server binds only the address it is given (loopback by default); every client
-// must first present the job token (H2_JOB_TOKEN) or is disconnected; frames longer than kMaxFrameBytes or
+// must first present the job token (H2_JOB_TOKEN) or is disconnected; before that it may send kMaxHelloBytes
+// (so an unauthenticated client cannot make the server buffer more), must do so within hello_timeout, and only
+// max_unauthenticated such clients are held at once (StoreLimits); frames longer than kMaxFrameBytes or
 // malformed are rejected and the connection dropped, without affecting other clients. Every client call has a
 // timeout whose error names the store's address and the key.
 //
@@ -29,12 +31,20 @@
 namespace h2 {
 
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+inline constexpr uint32_t kMaxHelloBytes = 1024;  // before its token is checked a client may send no more
+
+// What the server grants a client before and after it has shown the token.
+struct StoreLimits {
+  std::chrono::milliseconds hello_timeout{5000};  // a connection that has not shown the token by then is closed
+  int max_clients = 4096;                         // connections past this are closed at once
+  int max_unauthenticated = 64;                   // of them, not yet past the token check
+};
 inline constexpr const char* kDeadRanksKey = "h2/dead";  // "3,5,": ranks whose connection died
 
 class StoreServer {
  public:
   // Binds host:port (port 0 picks a free one) and serves in a background thread until destroyed.
-  StoreServer(const std::string& host, int port, std::string token);
+  StoreServer(const std::string& host, int port, std::string token, StoreLimits limits = {});
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <queue>
 #include <sstream>
 
 #include "core/error.h"
@@ -171,25 +172,47 @@ void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& o
     out.insert(out.end(), cached->second.begin(), cached->second.end());
     return;
   }
-  std::vector<int32_t> syms;
-  syms.reserve(piece.size());
-  for (unsigned char c : piece) syms.push_back(byte_token_[c]);
-  while (syms.size() > 1) {
-    int32_t best_rank = std::numeric_limits<int32_t>::max(), merged = -1;
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < syms.size(); ++i) {
-      const uint64_t key = (static_cast<uint64_t>(syms[i]) << 32) | static_cast<uint32_t>(syms[i + 1]);
-      const auto it = merges_.find(key);
-      if (it != merges_.end() && it->second.rank < best_rank) {
-        best_rank = it->second.rank;
-        merged = it->second.merged;
-        best = i;
-      }
-    }
-    if (merged < 0) break;
-    syms[best] = merged;
-    syms.erase(syms.begin() + static_cast<long>(best) + 1);
+  // The lowest-ranked adjacent pair first, the leftmost of equal ranks (GPT-2's order), in O(n log n): symbols in
+  // a linked list, candidate pairs in a heap, a popped pair skipped when either symbol has changed since.
+  const int n = static_cast<int>(piece.size());
+  std::vector<int32_t> sym(static_cast<size_t>(n));
+  std::vector<int> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    sym[static_cast<size_t>(i)] = byte_token_[static_cast<unsigned char>(piece[static_cast<size_t>(i)])];
+    next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
+    prev[static_cast<size_t>(i)] = i - 1;
   }
+  struct Candidate {
+    int32_t rank;
+    int left;      // the pair's left symbol's position
+    int32_t a, b;  // the symbols it was found with
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  const auto push = [&](int left) {
+    const int right = left >= 0 ? next[static_cast<size_t>(left)] : -1;
+    if (right < 0) return;
+    const int32_t a = sym[static_cast<size_t>(left)], b = sym[static_cast<size_t>(right)];
+    const auto it = merges_.find((static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b));
+    if (it != merges_.end()) heap.push({it->second.rank, left, a, b});
+  };
+  for (int i = 0; i + 1 < n; ++i) push(i);
+  std::vector<bool> gone(static_cast<size_t>(n), false);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    const auto l = static_cast<size_t>(c.left);
+    const int right = next[l];
+    if (gone[l] || right < 0 || sym[l] != c.a || sym[static_cast<size_t>(right)] != c.b) continue;  // stale
+    sym[l] = merges_.at((static_cast<uint64_t>(c.a) << 32) | static_cast<uint32_t>(c.b)).merged;
+    gone[static_cast<size_t>(right)] = true;
+    next[l] = next[static_cast<size_t>(right)];
+    if (next[l] >= 0) prev[static_cast<size_t>(next[l])] = c.left;
+    push(prev[l]);
+    push(c.left);
+  }
+  std::vector<int32_t> syms;
+  for (int i = n > 0 ? 0 : -1; i >= 0; i = next[static_cast<size_t>(i)]) syms.push_back(sym[static_cast<size_t>(i)]);
   if (cache_.size() > 200000) cache_.clear();  // bound the memory a long, varied text can take
   cache_.emplace(std::string(piece), syms);
   out.insert(out.end(), syms.begin(), syms.end());

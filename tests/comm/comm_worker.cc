@@ -10,6 +10,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -91,6 +95,31 @@ int kill(h2::Job& job) {
   return 0;
 }
 
+// Prints "listen <address>" for every TCP socket this process listens on (from /proc), after one all-reduce.
+int listening(h2::Job& job) {
+  float x = 1.0f;
+  job.world->all_reduce(&x, 1, h2::DType::kF32, h2::ReduceOp::kSum);
+  std::set<std::string> mine;  // socket inodes of this process
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (target.starts_with("socket:[")) mine.insert(target.substr(8, target.size() - 9));
+  }
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      f >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >> inode;
+      if (state == "0A" && mine.count(inode)) std::printf("listen %s\n", local.c_str());
+    }
+  }
+  job.world->barrier();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -99,7 +128,8 @@ int main(int argc, char** argv) {
     auto job = h2::join_job(h2::job_env());
     if (mode == "collectives") return collectives(*job);
     if (mode == "kill") return kill(*job);
-    std::fprintf(stderr, "usage: comm_worker collectives|kill\n");
+    if (mode == "listening") return listening(*job);
+    std::fprintf(stderr, "usage: comm_worker collectives|kill|listening\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "comm_worker: %s\n", e.what());

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -98,6 +99,30 @@ TEST(UcxProcesses, HierarchicalAllReduceAcrossTwoClaimedHosts) {
     EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << results[static_cast<size_t>(r)].output;
     EXPECT_THAT(results[static_cast<size_t>(r)].output, HasSubstr("large all-reduce: hierarchical"));
   }
+}
+
+// A local job (the store on loopback) listens on loopback only: UCX used to listen on every interface. With the
+// user's UCX_NET_DEVICES=all, it does listen elsewhere (what the check would see if the restriction were lost).
+TEST(UcxProcesses, ALocalJobListensOnLoopbackOnly) {
+  const auto listens = [](const std::vector<RankResult>& results) {
+    std::vector<std::string> out;
+    for (const RankResult& r : results) {
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      std::istringstream in(r.output);
+      for (std::string word, address; in >> word;) {
+        if (word == "listen" && in >> address) out.push_back(address);
+      }
+    }
+    return out;
+  };
+  const std::vector<std::string> local = listens(run_ranks(2, "listening"));
+  ASSERT_FALSE(local.empty());  // the store, at least
+  for (const std::string& a : local)
+    EXPECT_TRUE(a.starts_with("0100007F:") || a.starts_with("00000000000000000000000001000000:")) << a;
+  const std::vector<std::string> all = listens(run_ranks(2, "listening", [](int) {
+    return std::map<std::string, std::string>{{"UCX_NET_DEVICES", "all"}};
+  }));
+  EXPECT_TRUE(std::any_of(all.begin(), all.end(), [](const std::string& a) { return !a.starts_with("0100007F:"); }));
 }
 
 TEST(UcxProcesses, KilledRankIsNamedByTheOthers) {

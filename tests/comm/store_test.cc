@@ -59,6 +59,51 @@ TEST(Store, ImpossibleFrameIsDroppedOthersServed) {
   EXPECT_EQ(server.rejected_connections(), 1);
 }
 
+// A raw connection to the store, and whether the server closed it within `wait` (recv sees the end).
+int raw_connection(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+bool closed_by_server(int fd, std::chrono::milliseconds wait) {
+  timeval tv{.tv_sec = wait.count() / 1000, .tv_usec = (wait.count() % 1000) * 1000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char c;
+  const bool closed = ::recv(fd, &c, 1, 0) == 0;
+  ::close(fd);
+  return closed;
+}
+
+// Before a client shows the token it can make the server hold little: a frame longer than a hello is refused
+// unread (a 1 MiB one used to be buffered, up to 64 MiB a connection), a silent connection is closed after the
+// hello timeout (one used to delay the job's exit by 30 s), and connections past the limits are closed at once;
+// the job's own clients are served throughout.
+TEST(Store, UnauthenticatedClientsAreBounded) {
+  {
+    StoreServer patient("127.0.0.1", 0, "t", StoreLimits{.hello_timeout = 60s});  // only the length can close it
+    const int big = raw_connection(patient.port());
+    const uint32_t mib = 1u << 20;
+    ASSERT_EQ(::send(big, &mib, 4, 0), 4);
+    EXPECT_TRUE(closed_by_server(big, 2000ms));
+    EXPECT_EQ(patient.rejected_connections(), 1);
+  }
+  StoreServer server("127.0.0.1", 0, "t", StoreLimits{.hello_timeout = 300ms, .max_unauthenticated = 2});
+  StoreClient good("127.0.0.1", server.port(), "t", 5s);
+  const int idle1 = raw_connection(server.port()), idle2 = raw_connection(server.port());
+  std::this_thread::sleep_for(100ms);  // both accepted, neither has said anything
+  const int third = raw_connection(server.port());
+  EXPECT_TRUE(closed_by_server(third, 2000ms));  // over max_unauthenticated
+  EXPECT_TRUE(closed_by_server(idle1, 3000ms));  // the hello timeout
+  EXPECT_TRUE(closed_by_server(idle2, 3000ms));
+  EXPECT_EQ(server.rejected_connections(), 3);
+  good.set("k", "v");
+  EXPECT_EQ(good.get("k"), "v");
+}
+
 TEST(Store, TimeoutsNameTheStoreAndKey) {
   StoreServer server("127.0.0.1", 0, "t");
   StoreClient c("127.0.0.1", server.port(), "t", 100ms);

@@ -63,6 +63,9 @@ class UcxTransport final : public Transport {
     if (std::getenv("UCX_MM_ERROR_HANDLING") == nullptr) {
       check(ucp_config_modify(config, "MM_ERROR_HANDLING", "y"), "enabling UCX shared memory with error handling");
     }
+    if (options_.loopback_only && std::getenv("UCX_NET_DEVICES") == nullptr) {
+      check(ucp_config_modify(config, "NET_DEVICES", "lo"), "restricting UCX to the loopback device");
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;

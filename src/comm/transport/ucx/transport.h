@@ -27,6 +27,9 @@ struct UcxOptions {
   // The shared window's size (transport.h, SharedWindow): large all-reduces, reduce-scatters and all-gathers
   // between ranks of one host go through it in pieces of half of it.
   size_t window_bytes = size_t{2} << 20;
+  // Every rank is on this host (the store is reached over loopback): UCX's network transports use the loopback
+  // device only, so the job listens on no outside interface (UCX_NET_DEVICES set by the user still wins).
+  bool loopback_only = false;
 };
 
 // Collective over all `size` ranks: publishes this rank's worker address in `store`, registers this rank's
