@@ -1,8 +1,10 @@
 // join_job: store, transport, world communicator.
 #include "comm/job.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <optional>
 
@@ -36,6 +38,14 @@ std::optional<long long> integer_env(const char* name, long long least) {
 }  // namespace
 
 std::unique_ptr<Job> join_job(const JobEnv& env, CommOptions options) {
+  // Started by h2 launch: stop (SIGTERM: checkpoint and exit) when the launcher dies, even by SIGKILL, instead of
+  // training on unsupervised.
+  if (const auto launcher = integer_env("H2_LAUNCHER_PID", 1)) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != static_cast<pid_t>(*launcher)) {
+      throw CommError(cat("the launcher (pid ", *launcher, ") has already exited; not starting rank ", env.rank));
+    }
+  }
   if (const auto ms = integer_env("H2_COMM_TIMEOUT_MS", 1)) options.timeout = std::chrono::milliseconds(*ms);
   UcxOptions ucx;
   if (const auto bytes = integer_env("H2_COMM_WINDOW_BYTES", 0)) ucx.window_bytes = static_cast<size_t>(*bytes);

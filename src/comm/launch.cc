@@ -3,6 +3,8 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,10 +13,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <string_view>
 #include <thread>
 
 #include "core/error.h"
+
+extern char** environ;
 
 namespace h2 {
 namespace {
@@ -40,7 +44,9 @@ int free_port() {
 // 128 random bits as hex: the job token every rank must present to the rendezvous store.
 std::string random_token() {
   unsigned char bytes[16] = {};
-  std::ifstream("/dev/urandom", std::ios::binary).read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  if (::getrandom(bytes, sizeof(bytes), 0) != static_cast<ssize_t>(sizeof(bytes))) {
+    throw Error(ErrorCode::kIo, cat("launch: cannot read 16 random bytes for the job token: ", std::strerror(errno)));
+  }
   std::string hex;
   char buf[3];
   for (unsigned char b : bytes) {
@@ -70,22 +76,39 @@ LaunchResult launch(const std::vector<std::string>& command, const LaunchOptions
   if (options.ranks < 1) throw Error(ErrorCode::kInvalidArgument, cat("launch: -n must be >= 1, got ", options.ranks));
   const int port = options.master_port > 0 ? options.master_port : free_port();
   const std::string token = random_token();
+  // Each rank's environment is prepared here and handed to posix_spawnp (nothing runs between fork and exec in a
+  // threaded parent); H2_LAUNCHER_PID lets a rank ask to be stopped when the launcher dies (comm/job.cc).
+  std::vector<std::string> inherited;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v(*e);
+    bool ours = false;
+    for (const char* name :
+         {"H2_RANK=", "H2_WORLD_SIZE=", "H2_MASTER_ADDR=", "H2_MASTER_PORT=", "H2_JOB_TOKEN=", "H2_LAUNCHER_PID="}) {
+      ours = ours || v.starts_with(name);
+    }
+    if (!ours) inherited.emplace_back(v);
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
   std::vector<pid_t> pids;
   for (int r = 0; r < options.ranks; ++r) {
-    const pid_t pid = ::fork();
-    if (pid < 0) throw Error(ErrorCode::kIo, cat("launch: cannot start rank ", r, ": ", std::strerror(errno)));
-    if (pid == 0) {
-      ::setenv("H2_RANK", std::to_string(r).c_str(), 1);
-      ::setenv("H2_WORLD_SIZE", std::to_string(options.ranks).c_str(), 1);
-      ::setenv("H2_MASTER_ADDR", options.master_addr.c_str(), 1);
-      ::setenv("H2_MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("H2_JOB_TOKEN", token.c_str(), 1);
-      std::vector<char*> argv;
-      for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execvp(argv[0], argv.data());
-      std::fprintf(stderr, "h2 launch: rank %d: cannot run %s: %s\n", r, argv[0], std::strerror(errno));
-      ::_exit(127);
+    std::vector<std::string> env = inherited;
+    env.push_back(cat("H2_RANK=", r));
+    env.push_back(cat("H2_WORLD_SIZE=", options.ranks));
+    env.push_back(cat("H2_MASTER_ADDR=", options.master_addr));
+    env.push_back(cat("H2_MASTER_PORT=", port));
+    env.push_back(cat("H2_JOB_TOKEN=", token));
+    env.push_back(cat("H2_LAUNCHER_PID=", ::getpid()));
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = -1;
+    const int rc = ::posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+    if (rc != 0) {
+      for (pid_t p : pids) ::kill(p, SIGTERM);
+      throw Error(ErrorCode::kIo,
+                  cat("launch: cannot start rank ", r, " (", command.front(), "): ", std::strerror(rc)));
     }
     pids.push_back(pid);
   }

@@ -7,6 +7,8 @@
 //   comm_worker kill         all-reduces in a loop; rank 1 kills itself in the third. The others must fail with
 //                            an error naming rank 1: exit 3 when they do, 4 when the error names no rank 1.
 // Exit 1 on a wrong value, with the first mismatch on stderr.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -120,6 +122,13 @@ int listening(h2::Job& job) {
   return 0;
 }
 
+// Writes <dir>/ready_<rank> holding this process's id, then idles for at most a minute.
+int idle(h2::Job& job, const std::string& dir) {
+  std::ofstream(dir + "/ready_" + std::to_string(job.world->rank())) << ::getpid() << "\n";
+  for (int i = 0; i < 600; ++i) ::usleep(100000);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,7 +138,8 @@ int main(int argc, char** argv) {
     if (mode == "collectives") return collectives(*job);
     if (mode == "kill") return kill(*job);
     if (mode == "listening") return listening(*job);
-    std::fprintf(stderr, "usage: comm_worker collectives|kill|listening\n");
+    if (mode == "idle" && argc > 2) return idle(*job, argv[2]);
+    std::fprintf(stderr, "usage: comm_worker collectives|kill|listening|idle DIR\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "comm_worker: %s\n", e.what());

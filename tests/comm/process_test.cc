@@ -125,6 +125,50 @@ TEST(UcxProcesses, ALocalJobListensOnLoopbackOnly) {
   EXPECT_TRUE(std::any_of(all.begin(), all.end(), [](const std::string& a) { return !a.starts_with("0100007F:"); }));
 }
 
+// Whether process `pid` has ended (gone, or a zombie nobody has reaped yet).
+bool ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+// Ranks started by h2 launch stop when the launcher is killed with SIGKILL (they used to train on, unsupervised,
+// until a collective timed out); each idles for a minute otherwise.
+TEST(UcxProcesses, RanksStopWhenTheirLauncherDies) {
+  const std::string dir = testing_util::temp_dir("orphans");
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    const int fd = ::open((dir + "/launch.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(H2_BINARY, H2_BINARY, "launch", "-n", "2", "--", H2_COMM_WORKER, "idle", dir.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 400 && ranks.size() < 2; ++i) {  // up to 20 s for both to join
+    ranks.clear();
+    for (int r = 0; r < 2; ++r) {
+      pid_t pid = 0;
+      if (std::ifstream(dir + "/ready_" + std::to_string(r)) >> pid) ranks.push_back(pid);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(ranks.size(), 2u) << std::ifstream(dir + "/launch.log").rdbuf();
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  const auto start = std::chrono::steady_clock::now();
+  while (!(ended(ranks[0]) && ended(ranks[1])) && std::chrono::steady_clock::now() - start < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  for (pid_t pid : ranks) {
+    EXPECT_TRUE(ended(pid)) << "rank process " << pid << " outlived its launcher by 10 s";
+    if (!ended(pid)) ::kill(pid, SIGKILL);
+  }
+}
+
 TEST(UcxProcesses, KilledRankIsNamedByTheOthers) {
   const auto results = run_ranks(4, "kill");
   EXPECT_EQ(results[1].exit_code, 128 + SIGKILL);
