@@ -66,6 +66,10 @@ void write_file_atomic(const std::string& path, std::string_view content) {
   writer.commit();
 }
 
+FileDescriptor::~FileDescriptor() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
 void make_directory(const std::string& path, const std::string& what) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return;

@@ -33,6 +33,19 @@ void write_file_atomic(const std::string& path, std::string_view content);
 void make_directory(const std::string& path, const std::string& what);
 std::string read_file(const std::string& path);
 
+// An open file descriptor, closed when destroyed (so a constructor that throws after opening leaks nothing).
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor();
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);  // throws Error(kIo)

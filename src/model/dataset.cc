@@ -1,8 +1,12 @@
 // Shard writing and reading, and the deterministic batch loader.
 #include "model/dataset.h"
 
+#include <fcntl.h>
 #include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "core/error.h"
@@ -27,12 +31,18 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens)
   write_file_atomic(path, bytes);
 }
 
-TokenShard::TokenShard(const std::string& path) : file_(path) {
-  if (file_.size() < kShardHeaderInts * 4) {
-    throw Error(ErrorCode::kIo, cat(path, ": ", file_.size(), " bytes is shorter than the 1024-byte shard header"));
+TokenShard::TokenShard(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+  if (fd_.get() < 0) throw Error(ErrorCode::kIo, cat(path, ": cannot open: ", std::strerror(errno)));
+  struct stat st {};
+  ::fstat(fd_.get(), &st);
+  const auto bytes = static_cast<size_t>(st.st_size);
+  if (bytes < kShardHeaderInts * 4) {
+    throw Error(ErrorCode::kIo, cat(path, ": ", bytes, " bytes is shorter than the 1024-byte shard header"));
   }
   int32_t header[3];
-  std::memcpy(header, file_.data(), sizeof(header));
+  if (::pread(fd_.get(), header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header))) {
+    throw Error(ErrorCode::kIo, cat(path, ": cannot read the header"));
+  }
   if (header[0] != kShardMagic) {
     throw Error(ErrorCode::kIo, cat(path, ": wrong magic ", header[0], " (expected ", kShardMagic,
                                     "); not a token shard — make one with `h2 data prepare`"));
@@ -44,11 +54,22 @@ TokenShard::TokenShard(const std::string& path) : file_(path) {
   if (header[2] < 0) throw Error(ErrorCode::kIo, cat(path, ": negative token count ", header[2]));
   count_ = static_cast<size_t>(header[2]);
   const size_t expected = kShardHeaderInts * 4 + count_ * 2;
-  if (file_.size() != expected) {
+  if (bytes != expected) {
     throw Error(ErrorCode::kIo, cat(path, ": the header promises ", count_, " tokens (", expected,
-                                    " bytes) but the file has ", file_.size(), " bytes; it is truncated or corrupt"));
+                                    " bytes) but the file has ", bytes, " bytes; it is truncated or corrupt"));
   }
-  tokens_ = reinterpret_cast<const uint16_t*>(file_.data() + kShardHeaderInts * 4);
+}
+
+void TokenShard::read(uint64_t first, size_t count, uint16_t* out) const {
+  const auto want = static_cast<ssize_t>(count * 2);
+  if (::pread(fd_.get(), out, count * 2, static_cast<off_t>(kShardHeaderInts * 4 + first * 2)) != want) {
+    struct stat st {};
+    ::fstat(fd_.get(), &st);
+    throw Error(ErrorCode::kIo,
+                cat(path_, ": the shard changed while in use: tokens ", first, "..", first + count,
+                    " are past its end (it is ", st.st_size, " bytes, ", kShardHeaderInts * 4 + count_ * 2,
+                    " when opened). Restore it and resume from the last checkpoint"));
+  }
 }
 
 TokenLoader::TokenLoader(const std::vector<std::string>& paths, int B, int T, uint64_t seed, bool shuffle, int dp_rank,
@@ -104,9 +125,10 @@ void TokenLoader::next(std::vector<int32_t>& inputs, std::vector<int32_t>& targe
   targets.resize(static_cast<size_t>(B_) * T_);
   const uint64_t first =
       (position_.batch * static_cast<uint64_t>(dp_size_) + static_cast<uint64_t>(dp_rank_)) * static_cast<uint64_t>(B_);
+  std::vector<uint16_t> src(static_cast<size_t>(T_) + 1);
   for (int b = 0; b < B_; ++b) {
     const Window& w = windows_[order_[first + static_cast<uint64_t>(b)]];
-    const uint16_t* src = shards_[w.shard]->tokens() + w.offset;
+    shards_[w.shard]->read(w.offset, src.size(), src.data());
     for (int t = 0; t < T_; ++t) {
       inputs[static_cast<size_t>(b) * T_ + t] = src[t];
       targets[static_cast<size_t>(b) * T_ + t] = src[t + 1];

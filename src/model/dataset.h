@@ -1,7 +1,7 @@
 // Token datasets in llm.c's `.bin` shard layout: a header of 256 little-endian int32 (magic 20240520,
 // version 1, token count, the rest zero) followed by the tokens as uint16.
 //
-// TokenLoader memory-maps shards and yields (B, T) batches of inputs and next-token targets. The shards are
+// TokenLoader reads shards and yields (B, T) batches of inputs and next-token targets. The shards are
 // cut into windows of T+1 tokens (consecutive windows share one token); each epoch visits every window once,
 // in an order shuffled from the seed and the epoch number, so a (seed, position) pair names a batch exactly
 // and a resumed run sees the same data. Data-parallel rank r of R takes every R-th batch of the sequence.
@@ -24,18 +24,20 @@ inline constexpr size_t kShardHeaderInts = 256;
 // Writes a shard atomically. Throws Error(kInvalidArgument) for a token that does not fit in uint16.
 void write_token_shard(const std::string& path, std::span<const int32_t> tokens);
 
-// A validated, memory-mapped shard. Throws Error(kIo) naming the file for a wrong magic, a wrong version or a
-// size that does not match the header's token count.
+// A validated shard, read with pread (not mapped: a shard truncated in place while training would kill the
+// process with SIGBUS through a mapping; here it is an error naming the shard). Throws Error(kIo) naming the file
+// for a wrong magic, a wrong version or a size that does not match the header's token count.
 class TokenShard {
  public:
   explicit TokenShard(const std::string& path);
   size_t size() const { return count_; }
-  const uint16_t* tokens() const { return tokens_; }
-  const std::string& path() const { return file_.path(); }
+  // Tokens [first, first + count) into out; Error(kIo) naming the shard when the file no longer holds them.
+  void read(uint64_t first, size_t count, uint16_t* out) const;
+  const std::string& path() const { return path_; }
 
  private:
-  MappedFile file_;
-  const uint16_t* tokens_ = nullptr;
+  std::string path_;
+  FileDescriptor fd_;
   size_t count_ = 0;
 };
 

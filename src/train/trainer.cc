@@ -206,7 +206,15 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   while (step < c.steps) {
     const double t0 = monotonic_seconds();
     const double lr = learning_rate(c, step);
-    train_loader.next(host_in, host_tgt);
+    try {
+      train_loader.next(host_in, host_tgt);
+    } catch (const Error&) {  // the data changed under the run: keep what it has done, then report
+      if (step > first_step) {
+        checkpoint();
+        log_warn("saved a checkpoint at step ", step, " before stopping");
+      }
+      throw;
+    }
     copy_from_host(tokens, host_in.data());
     copy_from_host(targets, host_tgt.data());
     model.zero_grads();

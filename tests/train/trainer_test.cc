@@ -341,6 +341,26 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedAndResumeFallsBack) {
               HasSubstr("no checkpoint to resume from verifies"));
 }
 
+// A token shard truncated in place while training (it used to kill the run with SIGBUS through the mapping, with
+// no checkpoint) stops the run with an error naming the shard, after a checkpoint of the steps done.
+TEST(Trainer, AShardTruncatedWhileTrainingIsAnErrorAfterACheckpoint) {
+  TrainConfig c = tiny_config("shard_truncated", "cpu");
+  c.steps = 6;
+  const std::vector<std::string> shards = expand_glob(c.train_data);
+  const std::string error = error_of(
+      [&] {
+        train(c, {.quiet = true, .on_step = [&](const StepMetrics& m) {
+                    if (m.step == 2) {
+                      for (const std::string& s : shards) fs::resize_file(s, 1024);  // the header only
+                    }
+                  }});
+      },
+      ErrorCode::kIo);
+  EXPECT_THAT(error, HasSubstr("the shard changed while in use"));
+  EXPECT_THAT(error, HasSubstr("train_"));
+  EXPECT_TRUE(latest_checkpoint(c.out_dir + "/checkpoints").ends_with("step_000002"));
+}
+
 TEST(TrainConfig, ReadsYamlAndNamesBadFields) {
   const std::string yaml =
       "model: {n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 32, seq_len: 16}\n"
