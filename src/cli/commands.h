@@ -28,6 +28,7 @@ struct HeteroTrainCmd {
   bool resume = false;
   bool profile = false;  // measure the cluster first and plan with the measured figures
   bool as_rank = false;  // internal: this process is one rank of the job the driver launched
+  bool elastic = false;  // re-plan on the devices left when a rank dies, and go on
 };
 int run_hetero_train(const HeteroTrainCmd& cmd);
 // `h2 launch`.

@@ -13,7 +13,7 @@ ClusterJobFiles files_of(const HeteroTrainCmd& cmd) {
   return ClusterJobFiles{cmd.config, cmd.cluster, cmd.model, cmd.train, cmd.plan, cmd.overrides};
 }
 
-std::vector<std::string> rank_command(const HeteroTrainCmd& cmd, const std::string& plan_path) {
+std::vector<std::string> rank_command(const HeteroTrainCmd& cmd, const std::string& plan_path, bool resume) {
   std::vector<std::string> out = {std::filesystem::read_symlink("/proc/self/exe").string(),
                                   "train",
                                   "--as-rank",
@@ -27,7 +27,7 @@ std::vector<std::string> rank_command(const HeteroTrainCmd& cmd, const std::stri
   if (!cmd.train.empty()) out.insert(out.end(), {"--train", cmd.train});
   for (const std::string& o : cmd.overrides) out.insert(out.end(), {"--set", o});
   if (cmd.quiet) out.push_back("--quiet");
-  if (cmd.resume) out.push_back("--resume");
+  if (resume) out.push_back("--resume");
   return out;
 }
 
@@ -38,12 +38,13 @@ int run_hetero_train(const HeteroTrainCmd& cmd) {
   const std::string source = job_env().source;
   const bool external = !cmd.as_rank && (source == "mpirun" || source == "srun");
   if (cmd.as_rank || external) return run_cluster_rank(files_of(cmd), cmd.resume, cmd.quiet, external);
-  return drive_cluster_job(
-      files_of(cmd), cmd.resume,
-      DriverOptions{.profile = cmd.profile,
-                    .quiet = cmd.quiet,
-                    .rank_command = [&](const std::string& plan) { return rank_command(cmd, plan); },
-                    .profile_rank_command = profile_rank_command});
+  return drive_cluster_job(files_of(cmd), cmd.resume,
+                           DriverOptions{.profile = cmd.profile,
+                                         .quiet = cmd.quiet,
+                                         .elastic = cmd.elastic,
+                                         .rank_command = [&](const std::string& plan,
+                                                             bool resume) { return rank_command(cmd, plan, resume); },
+                                         .profile_rank_command = profile_rank_command});
 }
 
 }  // namespace h2::cli

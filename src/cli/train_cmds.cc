@@ -142,6 +142,8 @@ void register_train(CLI::App& app, Command& selected) {
   tr->add_option("--plan", ho->plan, "with --cluster: run this plan.json instead of planning");
   tr->add_flag("--profile", ho->profile,
                "with --cluster: measure the chips and links first (h2 profile), plan on that");
+  tr->add_flag("--elastic", ho->elastic,
+               "with --cluster: when a rank dies, re-plan on the devices left, resume the newest checkpoint, go on");
   tr->add_flag("--as-rank", ho->as_rank, "internal: run one rank of a --cluster job")->group("");
   tr->callback([tr, to, ho, &selected] {
     // No arguments: the built-in heterogeneous example (README's main job).
@@ -161,8 +163,8 @@ void register_train(CLI::App& app, Command& selected) {
       selected = [ho] { return run_hetero_train(*ho); };
       return;
     }
-    if (!ho->model.empty() || !ho->train.empty() || !ho->plan.empty() || ho->profile) {
-      throw CLI::ValidationError("--model, --train and --plan", "need --cluster");
+    if (!ho->model.empty() || !ho->train.empty() || !ho->plan.empty() || ho->profile || ho->elastic) {
+      throw CLI::ValidationError("--model, --train, --plan, --profile and --elastic", "need --cluster");
     }
     selected = [to] { return run_train(*to); };
   });

@@ -6,11 +6,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "comm/job.h"
 #include "comm/launch.h"
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/file.h"
 #include "core/signals.h"
@@ -18,6 +21,7 @@
 #include "planner/catalog.h"
 #include "planner/layout.h"
 #include "planner/report.h"
+#include "train/checkpoint.h"
 
 namespace h2 {
 namespace {
@@ -28,6 +32,17 @@ namespace fs = std::filesystem;
 void write_cluster_file(const Cluster& cluster, const std::string& from, const std::string& out_dir) {
   write_file_atomic((fs::path(out_dir) / "cluster.yaml").string(),
                     cat("# The figures this run was planned on (from ", from, ")\n", cluster_to_yaml(cluster)));
+}
+
+// The last training step rank 0 logged in metrics.jsonl (0 when none).
+int64_t last_logged_step(const std::string& metrics) {
+  std::ifstream in(metrics);
+  int64_t step = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("loss") && j.contains("step")) step = j["step"].get<int64_t>();
+  }
+  return step;
 }
 
 }  // namespace
@@ -136,9 +151,42 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   }
   LaunchOptions launch_options;
   launch_options.ranks = ranks;
-  const LaunchResult result = launch(options.rank_command(plan_path), launch_options);
+  LaunchResult result = launch(options.rank_command(plan_path, resume), launch_options);
+  std::optional<CostModel> left;  // under --elastic, the cost model of the devices left after failures
+  for (int failure = 1; result.exit_code != 0 && options.elastic && result.failed_rank >= 0; ++failure) {
+    const double failed_at = monotonic_seconds();
+    const StagePlan& dead =
+        in.run.plan.stages[static_cast<size_t>(stage_layout_of(in.run.plan).place(result.failed_rank).stage)];
+    planned_on = planned_on.without_device(planned_on.chip_index(dead.chip));
+    ::unsetenv("H2_FAULT_KILL");  // a fault injected for the first run is not injected again
+    left.emplace(planned_on, in.shape, in.setup);
+    Plan next = plan_training(*left, PlannerOptions{});
+    next.model = in.run.plan.model;
+    std::string from;
+    int64_t from_step = 0;
+    try {
+      from = resume_checkpoint((fs::path(out_dir) / "checkpoints").string(), nullptr);
+      from_step = read_checkpoint_state(from).step;
+    } catch (const Error&) {  // no checkpoint yet: the new plan starts over
+    }
+    const int64_t reached = last_logged_step((fs::path(out_dir) / "metrics.jsonl").string());
+    std::printf("elastic: %s; the %s device is taken out and the job re-planned on the %d devices left:\n",
+                result.message.c_str(), dead.chip.c_str(), stage_layout_of(next).world_size());
+    std::fputs(format_plan(next).c_str(), stdout);
+    save_plan(in.run.plan, (fs::path(out_dir) / cat("plan.before_failure_", failure, ".json")).string());
+    in.run.plan = next;
+    save_plan(in.run.plan, plan_path);
+    launch_options.ranks = stage_layout_of(in.run.plan).world_size();
+    std::printf("elastic: %s; %lld step(s) to redo (%lld reached); %.2f s to re-plan\n",
+                from.empty() ? "no checkpoint yet, starting over" : cat("resuming ", from).c_str(),
+                static_cast<long long>(std::max<int64_t>(0, reached - from_step)), static_cast<long long>(reached),
+                monotonic_seconds() - failed_at);
+    std::fflush(stdout);
+    result = launch(options.rank_command(plan_path, !from.empty()), launch_options);
+  }
   if (result.exit_code != 0) return result.exit_code;
-  const double ratio = finish_run(in.run, ranks);
+  const int ranks_run = stage_layout_of(in.run.plan).world_size();
+  const double ratio = finish_run(in.run, ranks_run);
   const nlohmann::json summary = nlohmann::json::parse(read_file((fs::path(out_dir) / "summary.json").string()));
   std::printf(
       "done: measured step %.3f s, %.0f tokens/s; simulated %.3f s (measured / simulated %.2f); planned %.0f "
@@ -146,8 +194,9 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
       summary["measured_step_s"].get<double>(), summary["measured_tokens_per_s"].get<double>(),
       summary["simulated_step_s"].get<double>(), ratio, summary["planned_tokens_per_s"].get<double>(), out_dir.c_str());
   if (files.plan.empty()) {  // a given plan was made elsewhere: its baselines are not this planner's to state
-    std::printf("predicted baselines:\n%s",
-                format_baselines(plan_baselines(costs, in.run.plan, PlannerOptions{}), in.run.plan).c_str());
+    std::printf(
+        "predicted baselines:\n%s",
+        format_baselines(plan_baselines(left ? *left : costs, in.run.plan, PlannerOptions{}), in.run.plan).c_str());
   }
   return 0;
 }

@@ -35,8 +35,12 @@ ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume);
 struct DriverOptions {
   bool profile = false;  // measure the chips and links first (h2 profile) and plan on the measured cluster
   bool quiet = false;    // no progress lines from rank 0
-  // argv of one rank of this job for the plan at `plan_path` (the h2 binary with --as-rank and the same files).
-  std::function<std::vector<std::string>(const std::string& plan_path)> rank_command;
+  // When a rank dies: re-plan on the devices left (that device out), resume the newest verified checkpoint under
+  // the new plan and go on, reporting the time lost; without it the job ends with the rank's status.
+  bool elastic = false;
+  // argv of one rank of this job for the plan at `plan_path` (the h2 binary with --as-rank and the same files),
+  // resuming the newest checkpoint when `resume`.
+  std::function<std::vector<std::string>(const std::string& plan_path, bool resume)> rank_command;
   // argv of one measuring rank, for `profile` (pipeline/profile.h).
   std::function<std::vector<std::string>(const std::string&, const std::string&, int, const std::string&)>
       profile_rank_command;

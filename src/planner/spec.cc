@@ -103,6 +103,22 @@ Cluster Cluster::only(int chip) const {
   return c;
 }
 
+Cluster Cluster::without_device(int chip) const {
+  Cluster c = *this;
+  for (auto g = c.groups.begin(); g != c.groups.end(); ++g) {
+    if (g->chip != chip) continue;
+    if (g->nodes == 1) {
+      --g->chips_per_node;
+    } else {
+      --g->nodes;
+    }
+    if (g->devices() == 0) c.groups.erase(g);
+    return c;
+  }
+  throw Error(ErrorCode::kNotFound, cat("cluster ", name, ": no device of chip type '",
+                                        chips[static_cast<size_t>(chip)].name, "' to take out"));
+}
+
 // Written with yaml-cpp's emitter, which quotes what needs quoting (a vendor named "Acme, Inc."), in the flow
 // style of the shipped examples: one line per chip, group and link.
 const char* figures_name(Figures f) {

@@ -91,6 +91,9 @@ struct Cluster {
   int chip_index(const std::string& name) const;  // -1 when absent
   // A cluster of only the devices of chip `chip` (for the per-type baselines).
   Cluster only(int chip) const;
+  // The cluster less one device of chip `chip` (a failed one): one chip fewer in a single-node group, else one
+  // node fewer (the node of a failed chip is taken out whole); a type with no device left has no group.
+  Cluster without_device(int chip) const;
 };
 
 struct TrainSetup {

@@ -440,6 +440,60 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   EXPECT_EQ(plan.status, 0) << plan.output;
 }
 
+// --elastic: a rank of a 4-device job (2 fast, 2 slow: each stage two replicas) is killed in step 5; the driver
+// takes its device out, re-plans on the 3 left (the planner uses all three), resumes step 4's checkpoint under the
+// new plan and finishes. The reference: the same 3-device plan resumed from a copy of that checkpoint, without a
+// failure; the last losses agree within 1e-4.
+TEST_F(ClusterTraining, ElasticJobsFinishOnTheDevicesLeft) {
+  std::string four = read_file(cluster_);
+  for (size_t at; (at = four.find("chips_per_node: 1")) != std::string::npos;)
+    four.replace(at, 17, "chips_per_node: 2");
+  const std::string wide = dir_ + "/four.yaml";
+  std::ofstream(wide) << four;
+  std::string base = command();
+  base.replace(base.find(cluster_), cluster_.size(), wide);
+  base += " --set train.keep_checkpoints=0";
+  ASSERT_EQ(run_h2(base + " --set train.steps=1 --set train.out_dir=" + dir_ + "/first").status, 0);
+  nlohmann::json plan = nlohmann::json::parse(read_file(dir_ + "/first/plan.json"));
+  plan["dp"] = 2;
+  plan["micro_batch"] = 1;
+  plan["num_micro_batches"] = 2;
+  plan["stages"] = {plan["stages"][0], plan["stages"][0]};
+  plan["stages"][0].update({{"chip", "fast"}, {"tp", 1}, {"dp", 2}, {"first_layer", 0}, {"layers", 2}});
+  plan["stages"][1].update({{"chip", "slow"}, {"tp", 1}, {"dp", 2}, {"first_layer", 2}, {"layers", 2}});
+  plan["stages"][0]["embedding"] = true;
+  plan["stages"][0]["head"] = false;
+  plan["stages"][1]["embedding"] = false;
+  plan["stages"][1]["head"] = true;
+  const std::string four_plan = dir_ + "/four_plan.json";
+  std::ofstream(four_plan) << plan.dump(2);
+  const Result r = run_h2(base + " --plan " + four_plan + " --elastic", "H2_FAULT_KILL=1:5");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("launching 4 ranks"));
+  EXPECT_THAT(r.output, HasSubstr("rank 1 was killed by signal 9"));
+  EXPECT_THAT(r.output, HasSubstr("devices left"));
+  EXPECT_THAT(r.output, HasSubstr("checkpoints/step_000004"));
+  const nlohmann::json after = nlohmann::json::parse(read_file(dir_ + "/run/plan.json"));
+  int ranks = 0;
+  for (const auto& s : after["stages"]) ranks += s["tp"].get<int>() * s["dp"].get<int>();
+  EXPECT_EQ(ranks, 3);
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/run/plan.before_failure_1.json"));
+  // The reference: step 4's checkpoint, resumed under the 3-device plan.
+  const std::string ref = dir_ + "/reference";
+  std::filesystem::create_directories(ref + "/checkpoints");
+  std::filesystem::copy(dir_ + "/run/checkpoints/step_000004", ref + "/checkpoints/step_000004",
+                        std::filesystem::copy_options::recursive);
+  std::ofstream(ref + "/checkpoints/latest") << "step_000004\n";
+  const Result again = run_h2(base + " --plan " + dir_ + "/run/plan.json --resume --set train.out_dir=" + ref);
+  ASSERT_EQ(again.status, 0) << again.output;
+  const auto last = [](const std::string& path) {
+    const auto lines = metric_lines(path);
+    return nlohmann::json::parse(lines[lines.size() - 2])["loss"].get<double>();
+  };
+  const double want = last(ref + "/metrics.jsonl");
+  EXPECT_NEAR(last(dir_ + "/run/metrics.jsonl"), want, 1e-4 * want);
+}
+
 // A hand-written plan with tensor parallelism on one stage and data parallelism on the other (so activations
 // are resharded between them) trains; its checkpoint resumes under the planner's own plan and ends where a run
 // under that plan alone ends (the reference), since checkpoints and the data order do not depend on the plan.
