@@ -1,4 +1,5 @@
 // `h2 check ops` — the cross-backend conformance matrix — and `h2 devices`.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "device/registry.h"
+#include "model/align.h"
 #include "ops/conformance.h"
 
 namespace h2::cli {
@@ -62,6 +64,48 @@ void register_check(CLI::App& app, Command& selected) {
       std::printf("%s: values are the worst normalised error ||out - ref|| / ||ref|| over each op's cases\n",
                   passed ? "PASS" : "FAIL");
       return passed ? 0 : 1;
+    };
+  });
+}
+
+// A device named on the command line: cpu, ref, or emu:CHIP (CHIP from --chips).
+std::unique_ptr<Device> device_named(const std::string& spec, const std::string& chips_file) {
+  if (spec.starts_with("emu:")) {
+    if (chips_file.empty()) throw Error(ErrorCode::kInvalidArgument, cat(spec, ": emu:CHIP needs --chips FILE"));
+    return create_device(DeviceSpec{.backend = "emu", .emu = chosen_profile(chips_file, spec.substr(4))});
+  }
+  return create_device(DeviceSpec{.backend = spec});
+}
+
+void register_align(CLI::App& app, Command& selected) {
+  CLI::App* align = app.add_subcommand(
+      "align", "Run one batch through the same weights on two devices and name the first operator where they part");
+  struct Options {
+    std::string a = "cpu", b = "ref", chips_file, config = "examples/train_moby.yaml";
+    int batch = 2, seq = 0;
+    uint64_t seed = 1;
+  };
+  auto o = std::make_shared<Options>();
+  align->add_option("--a", o->a, "the device to check: cpu, ref or emu:CHIP")->capture_default_str();
+  align->add_option("--b", o->b, "the device it is checked against")->capture_default_str();
+  align->add_option("--chips", o->chips_file, "chip-profile YAML for emu:CHIP (examples/emu_chips.yaml)");
+  align->add_option("--config", o->config, "a training config: its model is used")->capture_default_str();
+  align->add_option("--batch", o->batch, "sequences")->check(CLI::Range(1, 64))->capture_default_str();
+  align->add_option("--seq", o->seq, "tokens per sequence (default: the model's seq_len, at most 32)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  align->add_option("--seed", o->seed, "seed of the weights and tokens")->capture_default_str();
+  align->callback([o, &selected] {
+    selected = [o] {
+      auto a = device_named(o->a, o->chips_file), b = device_named(o->b, o->chips_file);
+      const GptConfig config = GptConfig::from_config(ConfigNode::load_file(o->config).at("model"));
+      const int seq = o->seq > 0 ? o->seq : std::min(32, config.seq_len);
+      if (seq > config.seq_len) {
+        throw Error(ErrorCode::kInvalidArgument, cat("--seq ", seq, " exceeds the model's seq_len ", config.seq_len));
+      }
+      const AlignReport report = align_devices(config, *a, *b, o->batch, seq, o->seed);
+      std::fputs(format_alignment(report, o->a, o->b).c_str(), stdout);
+      return report.first_divergence < 0 ? 0 : 1;
     };
   });
 }

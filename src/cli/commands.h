@@ -16,6 +16,8 @@ using Command = std::function<int()>;
 // `h2 check ops`: the conformance matrix; `h2 devices`: the backends and chip profiles.
 void register_check(CLI::App& app, Command& selected);
 void register_devices(CLI::App& app, Command& selected);
+// `h2 align`: where two devices' numerics part (model/align.h).
+void register_align(CLI::App& app, Command& selected);
 // `h2 data prepare`, `h2 train`, `h2 sample`.
 void register_train(CLI::App& app, Command& selected);
 // `h2 plan`, `h2 simulate`, `h2 calibrate`.

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   h2::cli::Command selected;
   h2::cli::register_check(app, selected);
   h2::cli::register_devices(app, selected);
+  h2::cli::register_align(app, selected);
   h2::cli::register_train(app, selected);
   h2::cli::register_plan(app, selected);
   h2::cli::register_launch(app, selected);

@@ -2,6 +2,7 @@
 #include "model/gpt.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -427,6 +428,33 @@ float Gpt::parallel_loss(const Tensor& targets, const std::vector<int32_t>& host
     if (host_targets[i] >= 0) sum += std::log(double{sums[i]}) + global_max[i] - target_logit[i];
   }
   return static_cast<float>(sum);
+}
+
+std::vector<Gpt::NamedOutput> Gpt::forward_outputs() {
+  const Activations& a = acts();
+  std::vector<NamedOutput> out;
+  if (range_.embedding) out.push_back({"encoder", Op::kEncoderForward, a.encoded});
+  for (size_t i = 0; i < a.blocks.size(); ++i) {
+    const BlockActs& b = a.blocks[i];
+    const std::string p = cat("h.", range_.first_block + static_cast<int>(i), ".");
+    for (auto [suffix, op, value] : {std::tuple{"ln_1", Op::kLayernormForward, b.ln1},
+                                     {"attn.c_attn", Op::kMatmulForward, b.qkv},
+                                     {"attn.core", Op::kAttentionForward, b.atty},
+                                     {"attn.c_proj", Op::kMatmulForward, b.attproj},
+                                     {"residual_1", Op::kResidualForward, b.res2},
+                                     {"ln_2", Op::kLayernormForward, b.ln2},
+                                     {"mlp.c_fc", Op::kMatmulForward, b.fch},
+                                     {"mlp.gelu", Op::kGeluForward, b.fch_gelu},
+                                     {"mlp.c_proj", Op::kMatmulForward, b.fcproj},
+                                     {"residual_2", Op::kResidualForward, b.res3}}) {
+      out.push_back({p + suffix, op, value});
+    }
+  }
+  if (range_.head) {
+    out.push_back({"ln_f", Op::kLayernormForward, a.lnf});
+    out.push_back({"lm_head", Op::kMatmulForward, a.logits});
+  }
+  return out;
 }
 
 // Gradient of one block. `dout` is the gradient of the block's output; `dx` receives its input's gradient.

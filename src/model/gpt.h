@@ -44,6 +44,7 @@
 #include "core/tensor.h"
 #include "device/device.h"
 #include "model/costs.h"
+#include "ops/kernels.h"
 
 namespace h2 {
 
@@ -164,6 +165,14 @@ class Gpt {
   // activations per slot, recompute, grad_scratch, and the head's loss statistics under TP as comm).
   const StageMemory& allocated() const { return allocated_; }
 
+  // Every operator's output of the current slot's forward, in the order it ran, with the operator that computed it
+  // (for h2 align: model/align.h). Before loss(), which overwrites the logits with their gradient.
+  struct NamedOutput {
+    std::string name;  // "encoder", "h.0.ln_1", "h.0.attn.c_attn", "h.0.attn.core", ..., "ln_f", "lm_head"
+    Op op;
+    Tensor value;
+  };
+  std::vector<NamedOutput> forward_outputs();
   const Tensor& output() const;  // (B,T,C), without the head
   const Tensor& logits() const;  // (B,T,Vr), this rank's vocabulary columns, with the head, before loss()
   const Tensor& dinput() const;  // (B,T,C), without the embedding, after backward()

@@ -98,6 +98,22 @@ TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(run_h2("check ops --seed notanumber").status, 2);
 }
 
+// h2 align names where an emulated chip with a wrong kernel parts from the host (exit 1), and finds two devices with
+// the same kernels in agreement (exit 0).
+TEST(Cli, AlignNamesTheFirstDivergingOperator) {
+  const std::string config = temp_file("h2_align.yaml",
+                                       "model: {n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 40, seq_len: 16}\n"
+                                       "data: {train: none.bin}\ntrain: {batch_size: 2}\n");
+  const std::string chips = std::string(" --chips ") + H2_SOURCE_DIR + "/examples/emu_chips.yaml --config " + config;
+  const Result faulty = run_h2("align --a emu:faulty --b cpu" + chips);
+  EXPECT_EQ(faulty.status, 1) << faulty.output;
+  EXPECT_THAT(faulty.output, HasSubstr("first divergence: h.0.attn.c_attn (forward) (matmul_forward)"));
+  const Result same = run_h2("align --a emu:fast-small --b cpu" + chips);
+  EXPECT_EQ(same.status, 0) << same.output;
+  EXPECT_THAT(same.output, HasSubstr("no divergence"));
+  EXPECT_THAT(run_h2("align --a emu:faulty --b cpu").output, HasSubstr("emu:CHIP needs --chips FILE"));
+}
+
 TEST(Cli, DevicesListsBackendsAndChips) {
   const Result r = run_h2(std::string("devices --chips ") + H2_SOURCE_DIR + "/examples/emu_chips.yaml");
   EXPECT_EQ(r.status, 0) << r.output;

@@ -68,13 +68,17 @@ TEST(Pacer, CopiesFollowTheBandwidth) {
 TEST(EmuProfiles, LoadsTheShippedExample) {
   const auto profiles =
       load_emu_profiles(ConfigNode::load_file(std::string(H2_SOURCE_DIR) + "/examples/emu_chips.yaml"));
-  ASSERT_EQ(profiles.size(), 2u);
+  ASSERT_EQ(profiles.size(), 4u);
+  EXPECT_EQ(profiles[0].numerics, Numerics::kExact);
+  EXPECT_EQ(profiles[2].numerics, Numerics::kBf16Matmul);
+  EXPECT_EQ(profiles[3].numerics, Numerics::kBf16Accumulate);
   EXPECT_EQ(profiles[1].chip, "slow-big");
   EXPECT_DOUBLE_EQ(profiles[1].speed, 0.5);
   EXPECT_EQ(profiles[1].mem_capacity_bytes, size_t{1024} << 20);
   EXPECT_EQ(find_emu_profile(profiles, "fast-small", "f").chip, "fast-small");
-  EXPECT_THAT(error_of([&] { find_emu_profile(profiles, "tpu", "chips.yaml"); }, ErrorCode::kNotFound),
-              HasSubstr("chips.yaml: no chip named 'tpu'; the file defines: fast-small, slow-big"));
+  EXPECT_THAT(
+      error_of([&] { find_emu_profile(profiles, "tpu", "chips.yaml"); }, ErrorCode::kNotFound),
+      HasSubstr("chips.yaml: no chip named 'tpu'; the file defines: fast-small, slow-big, bf16-vendor, faulty"));
 }
 
 TEST(EmuProfiles, BadFieldsAreNamed) {
@@ -82,7 +86,10 @@ TEST(EmuProfiles, BadFieldsAreNamed) {
   EXPECT_THAT(error_of([&] { load("chips:\n  - {name: a, speed: 2.0, memory_mib: 1}\n"); }, ErrorCode::kConfig),
               HasSubstr("field 'chips[0].speed': must be in (0, 1]"));
   EXPECT_THAT(error_of([&] { load("chips:\n  - {name: a, speed: 1, memory_mib: -4}\n"); }, ErrorCode::kConfig),
-              HasSubstr("field 'chips[0].memory_mib': must be positive"));
+              HasSubstr("field 'chips[0].memory_mib': must be an integer in [1, 1073741824], got -4"));
+  EXPECT_THAT(
+      error_of([&] { load("chips:\n  - {name: a, speed: 1, memory_mib: 4, numerics: fp8}\n"); }, ErrorCode::kConfig),
+      HasSubstr("field 'chips[0].numerics': must be exact, bf16_matmul, bf16_accumulate or softmax_without_max"));
   EXPECT_THAT(error_of([&] { load("chips:\n  - {name: a, sped: 1, memory_mib: 4}\n"); }, ErrorCode::kConfig),
               HasSubstr("did you mean 'speed'"));
   EXPECT_THAT(error_of(

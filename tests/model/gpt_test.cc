@@ -5,7 +5,9 @@
 #include <cmath>
 
 #include "core/rng.h"
+#include "device/emu/device.h"
 #include "device/registry.h"
+#include "model/align.h"
 #include "model/costs.h"
 #include "test_util.h"
 
@@ -219,6 +221,38 @@ TEST(Gpt, CountsAndTimesItsRecomputation) {
       EXPECT_EQ(m.recompute_seconds() > 0, want > 0) << recompute_name(r);
     }
   }
+}
+
+// h2 align: two devices with the same kernels agree exactly; an emulated chip whose matrix products accumulate in
+// bf16 is named at the first matrix product of the first layer; one with bf16-rounded matrix inputs too (its error
+// is smaller but over the f32 tolerance); a chip with another backend's kernels (ref) stays within every tolerance.
+TEST(Align, NamesTheFirstOperatorWhereTwoChipsDiverge) {
+  const GptConfig config{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 24, .seq_len = 8};
+  auto host = create_device(DeviceSpec{.backend = "cpu"});
+  const auto emu = [](Numerics n) {
+    return create_device(DeviceSpec{
+        .backend = "emu",
+        .emu =
+            EmuProfile{.chip = numerics_name(n), .speed = 1.0, .mem_capacity_bytes = size_t{64} << 20, .numerics = n}});
+  };
+  auto same = emu(Numerics::kExact);
+  const AlignReport exact = align_devices(config, *same, *host, 2, 8, 3);
+  EXPECT_EQ(exact.first_divergence, -1);
+  for (const AlignRow& row : exact.rows) EXPECT_EQ(row.error, 0.0) << row.name;
+  EXPECT_THAT(format_alignment(exact, "emu", "cpu"), ::testing::HasSubstr("no divergence"));
+  for (Numerics n : {Numerics::kBf16Accumulate, Numerics::kBf16Matmul}) {
+    auto odd = emu(n);
+    const AlignReport r = align_devices(config, *odd, *host, 2, 8, 3);
+    ASSERT_GE(r.first_divergence, 0) << numerics_name(n);
+    const AlignRow& first = r.rows[static_cast<size_t>(r.first_divergence)];
+    EXPECT_EQ(first.name, "h.0.attn.c_attn (forward)") << numerics_name(n);
+    EXPECT_EQ(first.op, "matmul_forward");
+    EXPECT_EQ(r.rows[0].error, 0.0);  // the embedding before it is exact
+    EXPECT_THAT(format_alignment(r, "emu", "cpu"),
+                ::testing::HasSubstr("first divergence: h.0.attn.c_attn (forward) (matmul_forward)"));
+  }
+  auto reference = create_device(DeviceSpec{.backend = "ref"});
+  EXPECT_EQ(align_devices(config, *reference, *host, 2, 8, 3).first_divergence, -1);
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "ops/cpu/kernels.h"
 
 namespace h2 {
 namespace {
@@ -34,14 +33,15 @@ class EmuDevice final : public Device {
                            .compute_speed = profile.speed,
                            .mem_bandwidth_gbps = profile.mem_bandwidth_gbps,
                            .emulated = true}),
-        pacer_(profile.speed, profile.mem_bandwidth_gbps, monotonic_seconds, sleep_seconds) {
+        pacer_(profile.speed, profile.mem_bandwidth_gbps, monotonic_seconds, sleep_seconds),
+        kernels_(cpu_kernels_with(profile.numerics)) {
     log_warn("device ", name(), " is an EMULATED '", profile.chip, "' chip running on this host's CPU: speed ",
              profile.speed, "x the host, memory capped at ", format_bytes(profile.mem_capacity_bytes),
              profile.mem_bandwidth_gbps > 0 ? cat(", copies at ", profile.mem_bandwidth_gbps, " GB/s") : "",
              ". Timings follow the profile, not real hardware.");
   }
 
-  const Kernels& kernels() const override { return cpu_kernels(); }
+  const Kernels& kernels() const override { return kernels_; }
 
   // A kernel that runs on this thread alone is timed by the thread's CPU time, so time slices given to other
   // ranks sharing its core do not count as the emulated chip's work; a multi-threaded kernel by the wall clock.
@@ -74,6 +74,7 @@ class EmuDevice final : public Device {
   }
 
   Pacer pacer_;
+  const Kernels& kernels_;
 };
 
 }  // namespace
@@ -109,7 +110,7 @@ std::vector<EmuProfile> load_emu_profiles(const ConfigNode& root) {
   root.allow_only({"chips"});
   std::vector<EmuProfile> profiles;
   for (const ConfigNode& chip : root.at("chips").items()) {
-    chip.allow_only({"name", "speed", "memory_mib", "memory_bandwidth_gbps"});
+    chip.allow_only({"name", "speed", "memory_mib", "memory_bandwidth_gbps", "numerics"});
     EmuProfile p;
     p.chip = chip.get<std::string>("name");
     if (p.chip.empty()) chip.at("name").fail("must not be empty");
@@ -121,11 +122,14 @@ std::vector<EmuProfile> load_emu_profiles(const ConfigNode& root) {
       chip.at("speed").fail(cat("must be in (0, 1], got ", p.speed,
                                 ". Speeds are relative to this host: scale all chips so the fastest is 1.0"));
     }
-    const int64_t mib = chip.get<int64_t>("memory_mib");
-    if (mib <= 0) chip.at("memory_mib").fail(cat("must be positive, got ", mib));
-    p.mem_capacity_bytes = static_cast<size_t>(mib) << 20;
-    p.mem_bandwidth_gbps = chip.get<double>("memory_bandwidth_gbps", 0.0);
-    if (p.mem_bandwidth_gbps < 0.0) chip.at("memory_bandwidth_gbps").fail("must be >= 0 (0: host speed)");
+    if (!chip.has("memory_mib")) chip.at("memory_mib");  // the error naming the missing field
+    p.mem_capacity_bytes = static_cast<size_t>(chip.int_in("memory_mib", 0, 1, int64_t{1} << 30)) << 20;
+    p.mem_bandwidth_gbps = chip.number_in("memory_bandwidth_gbps", 0.0, 0.0, 1e6);  // 0: host speed
+    if (auto n = chip.find("numerics")) {
+      const std::optional<Numerics> v = parse_numerics(n->as_string());
+      if (!v) n->fail("must be exact, bf16_matmul, bf16_accumulate or softmax_without_max");
+      p.numerics = *v;
+    }
     profiles.push_back(p);
   }
   if (profiles.empty()) root.at("chips").fail("lists no chips");

@@ -31,14 +31,16 @@
 
 #include "core/config.h"
 #include "device/device.h"
+#include "ops/cpu/variants.h"
 
 namespace h2 {
 
 struct EmuProfile {
-  std::string chip = "emu";       // the chip type this emulates
-  double speed = 1.0;             // compute speed relative to this host's cpu backend, in (0, 1]
-  size_t mem_capacity_bytes = 0;  // the chip's memory
-  double mem_bandwidth_gbps = 0;  // copy bandwidth; 0 = as fast as the host copies
+  std::string chip = "emu";              // the chip type this emulates
+  double speed = 1.0;                    // compute speed relative to this host's cpu backend, in (0, 1]
+  size_t mem_capacity_bytes = 0;         // the chip's memory
+  double mem_bandwidth_gbps = 0;         // copy bandwidth; 0 = as fast as the host copies
+  Numerics numerics = Numerics::kExact;  // how its kernels round (ops/cpu/variants.h)
 };
 
 // Reads `chips:` from a chip-profile file (see examples/emu_chips.yaml); errors name the file, line and field.
