@@ -5,7 +5,8 @@
 // Targets: yaml (cluster, model, training setup, training config, chip catalog, layout), plan (plan.json, then its
 // schedule's replay and the simulator), checkpoint (state.json with its manifest + a safetensors file, verified
 // and loaded into a model), shard (a token shard and batches from it), store (frames sent to the rendezvous
-// store, which must keep serving a well-behaved client). The corpus: tests/fuzz/corpus/<target>/.
+// store, which must keep serving a well-behaved client), dicomm (point-to-point and all-reduce between two ranks
+// that disagree on tags, lengths and counts). The corpus: tests/fuzz/corpus/<target>/.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -29,7 +30,9 @@
 #include <thread>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "comm/store.h"
+#include "comm/transport/inproc/transport.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/file.h"
@@ -149,12 +152,46 @@ void fuzz_store(const std::string& input) {
   }
 }
 
+// DiComm's point-to-point between two ranks (in-process transport): a header of five little-endian u32 — the tag and
+// length rank 1 sends, the tag and length rank 0 expects, and a collective's element count — then the payload. A
+// mismatch must end in a CommError within the timeout, never a crash, a hang or a torn buffer.
+void fuzz_dicomm(const std::string& input) {
+  uint32_t h[5] = {};
+  std::memcpy(h, input.data(), std::min(input.size(), sizeof(h)));
+  const std::string payload = input.size() > sizeof(h) ? input.substr(sizeof(h)) : "";
+  const auto transports = make_inproc_transports(2, 4096);
+  std::exception_ptr failed[2];
+  std::thread ranks[2];
+  for (int r = 0; r < 2; ++r) {
+    ranks[r] = std::thread([&, r] {
+      try {
+        Communicator c(transports[static_cast<size_t>(r)], CommOptions{.timeout = std::chrono::milliseconds(5)});
+        if (r == 1) {
+          auto send = c.isend(payload.data(), std::min<size_t>(h[1] % 65536, payload.size()), 0, h[0] % (1u << 23));
+          c.wait_request(*send, "send", 0);
+        } else {
+          std::vector<char> buf(h[3] % 65536);
+          auto recv = c.irecv(buf.data(), buf.size(), 1, h[2] % (1u << 23));
+          c.wait_request(*recv, "recv", 1);
+        }
+        std::vector<float> values(h[4] % 4096, 1.0f);
+        c.all_reduce(values.data(), values.size(), DType::kF32, ReduceOp::kSum);
+      } catch (const Error&) {
+      } catch (...) {
+        failed[r] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (const std::exception_ptr& e : failed) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
 const std::map<std::string, std::function<void(const std::string&)>>& targets() {
-  static const std::map<std::string, std::function<void(const std::string&)>> t = {{"yaml", fuzz_yaml},
-                                                                                   {"plan", fuzz_plan},
-                                                                                   {"checkpoint", fuzz_checkpoint},
-                                                                                   {"shard", fuzz_shard},
-                                                                                   {"store", fuzz_store}};
+  static const std::map<std::string, std::function<void(const std::string&)>> t = {
+      {"yaml", fuzz_yaml},   {"plan", fuzz_plan},     {"checkpoint", fuzz_checkpoint},
+      {"shard", fuzz_shard}, {"dicomm", fuzz_dicomm}, {"store", fuzz_store}};
   return t;
 }
 
@@ -282,7 +319,7 @@ int run(int argc, char** argv) {
   } else if (targets().count(argv[1])) {
     names.push_back(argv[1]);
   } else {
-    std::fprintf(stderr, "h2_fuzz: no target %s (yaml, plan, checkpoint, shard, store or all)\n", argv[1]);
+    std::fprintf(stderr, "h2_fuzz: no target %s (yaml, plan, checkpoint, shard, store, dicomm or all)\n", argv[1]);
     return 2;
   }
   int status = 0;
