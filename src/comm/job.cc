@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <optional>
@@ -22,15 +23,16 @@ Job::~Job() {
 
 namespace {
 
-// The integer in environment variable `name`, if set; at least `least`, or a kConfig error naming it.
-std::optional<long long> integer_env(const char* name, long long least) {
+// The integer in environment variable `name`, if set; in [least, most], or a kConfig error naming it (no wrap).
+std::optional<long long> integer_env(const char* name, long long least, long long most) {
   const char* text = std::getenv(name);
   if (text == nullptr) return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   const long long value = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || value < least) {
+  if (end == text || *end != '\0' || errno == ERANGE || value < least || value > most) {
     throw Error(ErrorCode::kConfig,
-                cat("environment variable ", name, "='", text, "' is not an integer of at least ", least));
+                cat("environment variable ", name, "='", text, "' is not an integer in [", least, ", ", most, "]"));
   }
   return value;
 }
@@ -40,15 +42,16 @@ std::optional<long long> integer_env(const char* name, long long least) {
 std::unique_ptr<Job> join_job(const JobEnv& env, CommOptions options) {
   // Started by h2 launch: stop (SIGTERM: checkpoint and exit) when the launcher dies, even by SIGKILL, instead of
   // training on unsupervised.
-  if (const auto launcher = integer_env("H2_LAUNCHER_PID", 1)) {
+  if (const auto launcher = integer_env("H2_LAUNCHER_PID", 1, 1 << 30)) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != static_cast<pid_t>(*launcher)) {
       throw CommError(cat("the launcher (pid ", *launcher, ") has already exited; not starting rank ", env.rank));
     }
   }
-  if (const auto ms = integer_env("H2_COMM_TIMEOUT_MS", 1)) options.timeout = std::chrono::milliseconds(*ms);
+  if (const auto ms = integer_env("H2_COMM_TIMEOUT_MS", 1, 86400000)) options.timeout = std::chrono::milliseconds(*ms);
   UcxOptions ucx;
-  if (const auto bytes = integer_env("H2_COMM_WINDOW_BYTES", 0)) ucx.window_bytes = static_cast<size_t>(*bytes);
+  if (const auto bytes = integer_env("H2_COMM_WINDOW_BYTES", 0, int64_t{1} << 30))
+    ucx.window_bytes = static_cast<size_t>(*bytes);
   ucx.loopback_only = env.master_addr == "localhost" || env.master_addr.starts_with("127.");
   auto job = std::make_unique<Job>();
   job->env = env;

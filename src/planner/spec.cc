@@ -343,7 +343,8 @@ TransformerShape load_model(const ConfigNode& root) {
 TrainSetup load_train_setup(const ConfigNode& root) {
   root.allow_only({"global_batch", "precision", "recompute", "zero1", "micro_batches", "max_tp"});
   TrainSetup t;
-  t.global_batch = positive_int(root, "global_batch");
+  t.global_batch = root.int_in("global_batch", 0, 1, int64_t{1} << 32);
+  if (!root.has("global_batch")) root.at("global_batch");  // the error naming the missing field
   if (auto p = root.find("precision")) {
     const std::optional<Precision> v = parse_precision(p->as_string());
     if (!v) p->fail("must be bf16 (bf16 compute, fp32 master weights and Adam) or f32 (all f32)");

@@ -77,7 +77,11 @@ TEST(Spec, BadInputNamesFileAndField) {
       HasSubstr("m.yaml:3:8: field 'heads': 3 heads do not divide hidden = 100"));
   EXPECT_THAT(
       error_of([] { load_train_setup(ConfigNode::parse_string("global_batch: 0\n", "t.yaml")); }, ErrorCode::kConfig),
-      HasSubstr("field 'global_batch': must be a positive integer"));
+      HasSubstr("field 'global_batch': must be an integer in [1, 4294967296], got 0"));
+  EXPECT_THAT(
+      error_of([] { load_train_setup(ConfigNode::parse_string("global_batch: 4611686018427387904\n", "t.yaml")); },
+               ErrorCode::kConfig),
+      HasSubstr("got 4611686018427387904"));  // 2^62 used to plan nonsense
 }
 
 // The cluster file h2 profile writes loads back as the same cluster, whatever characters its names hold.
