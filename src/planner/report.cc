@@ -1,6 +1,7 @@
 // Plan tables and baselines (see report.h).
 #include "planner/report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/error.h"
@@ -88,6 +89,50 @@ std::string format_baselines(const Baselines& b, const Plan& plan) {
         "heterogeneous speed-up ratio: %.0f / %.0f = %.3f (mixed throughput / sum of each type alone; above 1 is "
         "superlinear)\n",
         plan.tokens_per_s, b.sum_alone_tokens_per_s, b.heterogeneous_speedup);
+  }
+  out += explain_mix(b, plan);
+  return out;
+}
+
+// Per chip type: what it does in the mixed plan beside what it does alone (stages, layers, the embedding and head,
+// recomputation, memory used, bubble), which is where a mixed plan gains or loses against the types apart.
+std::string explain_mix(const Baselines& b, const Plan& plan) {
+  struct Role {
+    int stages = 0, layers = 0, recomputing = 0, devices = 0;
+    bool embedding = false, head = false;
+    double memory = 0, capacity = 0;
+  };
+  const auto role_of = [](const Plan& p, const std::string& chip) {
+    Role r;
+    for (const StagePlan& s : p.stages) {
+      if (s.chip != chip) continue;
+      ++r.stages;
+      r.layers += s.layers;
+      r.recomputing += s.recompute != Recompute::kNone ? 1 : 0;
+      r.devices += s.tp * s.dp;
+      r.embedding = r.embedding || s.embedding;
+      r.head = r.head || s.head;
+      r.memory = std::max(r.memory, s.memory_bytes / s.capacity_bytes);
+    }
+    return r;
+  };
+  const auto describe = [](const Role& r) {
+    return format("%d stage(s), %d layer(s)%s%s, %d device(s), recomputing on %d, fullest device %.0f%%", r.stages,
+                  r.layers, r.embedding ? " + embedding" : "", r.head ? " + head" : "", r.devices, r.recomputing,
+                  100 * r.memory);
+  };
+  std::string out = format("why (each chip type in the mixed plan, bubble %.0f%%, beside the type alone):\n",
+                           100 * plan.bubble_fraction);
+  for (const Baselines::Alone& a : b.alone) {
+    const Role mixed = role_of(plan, a.chip);
+    out += format("  %-8s mixed: %s\n", a.chip.c_str(),
+                  mixed.stages > 0 ? describe(mixed).c_str() : "unused (no plan using it was faster)");
+    if (a.plan) {
+      out += format("  %-8s alone: %s; bubble %.0f%%, %.0f tokens/s\n", "", describe(role_of(*a.plan, a.chip)).c_str(),
+                    100 * a.plan->bubble_fraction, a.plan->tokens_per_s);
+    } else {
+      out += format("  %-8s alone: does not fit\n", "");
+    }
   }
   return out;
 }

@@ -31,6 +31,10 @@ struct Baselines {
 };
 
 Baselines plan_baselines(const CostModel& costs, const Plan& plan, const PlannerOptions& options);
+// The table of baselines, the ratio, and explain_mix's lines.
 std::string format_baselines(const Baselines& baselines, const Plan& plan);
+// Where the mix gains or loses, per chip type: its stages, layers, the embedding and head, recomputation, fullest
+// device and the bubble, in the mixed plan and in the type's own plan.
+std::string explain_mix(const Baselines& baselines, const Plan& plan);
 
 }  // namespace h2

@@ -213,6 +213,23 @@ TEST(Report, BaselinesAndTheHeterogeneousSpeedup) {
   const std::string text = format_baselines(b, plan);
   EXPECT_THAT(text, HasSubstr("uniform layer split, same devices"));
   EXPECT_THAT(text, HasSubstr("Y alone (4 devices)"));
+  // Where the mix gains: each type's part of the plan, counted here from the plan's stages.
+  for (const char* chip : {"X", "Y", "Z"}) {
+    int stages = 0, layers = 0, recomputing = 0;
+    for (const StagePlan& s : plan.stages) {
+      if (s.chip != chip) continue;
+      ++stages;
+      layers += s.layers;
+      recomputing += s.recompute != Recompute::kNone;
+    }
+    const std::string want = stages == 0 ? cat(chip, "        mixed: unused")
+                                         : cat(chip, "        mixed: ", stages, " stage(s), ", layers, " layer(s)");
+    EXPECT_THAT(text, HasSubstr(want));
+    if (stages > 0) {
+      EXPECT_THAT(text, HasSubstr(cat("recomputing on ", recomputing)));
+    }
+  }
+  EXPECT_THAT(text, HasSubstr("alone: does not fit"));  // X
   EXPECT_THAT(format_plan(plan), HasSubstr(cat(plan.stages.size(), " stages")));
 }
 
