@@ -181,7 +181,10 @@ void ConfigNode::apply_override(const std::string& assignment) {
 void ConfigNode::allow_only(std::initializer_list<const char*> allowed) const {
   if (!node_.IsMap()) fail(cat("expected a mapping, got ", node_kind(node_)));
   for (const auto& kv : node_) {
-    const std::string key = kv.first.as<std::string>();
+    if (!kv.first.IsScalar()) {  // e.g. "{a: 1}: 2": a mapping used as a key (found by h2_fuzz)
+      ConfigNode(kv.first, file_, field_).fail(cat("a key must be a plain name, got ", node_kind(kv.first)));
+    }
+    const std::string key = kv.first.Scalar();
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
     std::string best;
     size_t best_distance = 3;  // suggest only near misses

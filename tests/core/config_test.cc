@@ -53,6 +53,10 @@ TEST(Config, UnknownKeySuggestsTheNearestOne) {
   EXPECT_THAT(msg, HasSubstr("did you mean 'hidden'"));
   const std::string far = error_of([&] { root.allow_only({"layers", "vocabulary"}); }, ErrorCode::kConfig);
   EXPECT_THAT(far, HasSubstr("valid fields here: layers, vocabulary"));
+  // A mapping used as a key (h2_fuzz found it ending in yaml-cpp's own exception): an error at the key.
+  const ConfigNode odd = ConfigNode::parse_string("links:\n  - {between: [a, b], direct}: false\n", "c.yaml");
+  EXPECT_THAT(error_of([&] { odd.at("links").items()[0].allow_only({"between"}); }, ErrorCode::kConfig),
+              HasSubstr("c.yaml:2:5: field 'links[0]': a key must be a plain name, got a mapping"));
 }
 
 TEST(Config, MissingFileIsAnIoError) {
