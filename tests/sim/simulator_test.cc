@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "planner/fixtures.h"
 #include "planner/planner.h"
@@ -198,8 +198,8 @@ TEST(Search, WithinOnePercentOfExhaustiveOnSmallClusters) {
 }
 
 // Four slow devices and one four times as fast, four layers: at one DP width for all stages, either the fast chip
-// sits idle (DP 4) or a slow one does (DP 1: at most 4 stages; TP is not allowed). Stages of different widths use all five — the slow
-// chips as one stage of 4 replicas, the fast one alone — and the search must find that optimum.
+// sits idle (DP 4) or a slow one does (DP 1: at most 4 stages; TP is not allowed). Stages of different widths use all
+// five — the slow chips as one stage of 4 replicas, the fast one alone — and the search must find that optimum.
 TEST(Search, FindsStagesOfDifferentWidths) {
   const Cluster c = cluster_of(R"(
 chips:
