@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "core/clock.h"
@@ -369,17 +370,40 @@ RankOutcome RankTraining::train(const std::atomic<bool>* stop_requested) {
   // Step time: the mean after two warm-up steps (when the run has more than two), else over every step.
   double measured = 0, all = 0;
   int64_t measured_steps = 0;
+  int64_t truncate_step = -1;  // H2_FAULT_TRUNCATE=STEP: rank 0 truncates the training shards before that step
+  if (const char* f = std::getenv("H2_FAULT_TRUNCATE")) truncate_step = std::strtoll(f, nullptr, 10);
   for (step = first_step_; step < c_.steps; ++step) {
-    // Every rank stops at the same step: rank 0's wish (or anyone's) is agreed on first.
-    float stop = stop_requested != nullptr && stop_requested->load() ? 1.0f : 0.0f;
+    // The step's batch is read first, so that a rank whose data fails (a shard changed under the run) stops every
+    // rank at the same step, after a checkpoint of the steps done.
+    if (rank_ == 0 && step + 1 == truncate_step) {
+      for (const std::string& shard : expand_glob(c_.train_data)) fs::resize_file(shard, kShardHeaderInts * 4);
+    }
+    const LoaderPosition before = loader_ ? loader_->position() : LoaderPosition{};
+    const double load_t0 = monotonic_seconds();
+    std::optional<Error> data_error;
+    if (loader_) {
+      try {
+        loader_->next(tokens_, targets_);
+      } catch (const Error& e) {
+        data_error = e;
+      }
+    }
+    const double load_s = monotonic_seconds() - load_t0;
+    // Every rank stops at the same step: rank 0's wish (or anyone's) is agreed on first; 2: a rank's data failed.
+    float stop = data_error ? 2.0f : stop_requested != nullptr && stop_requested->load() ? 1.0f : 0.0f;
     world_.all_reduce(&stop, 1, DType::kF32, ReduceOp::kMax);
     if (stop > 0) {
-      out.interrupted = true;
+      if (loader_) loader_->seek(before);  // the step's batch is not trained: a resume starts there
       if (step > first_step_) save(step);  // what was trained is kept
+      if (stop >= 2) {
+        if (data_error) throw *data_error;
+        throw Error(ErrorCode::kIo, cat("rank ", rank_, ": stopped before step ", step + 1,
+                                        " (checkpoint written): another rank could not read its training data"));
+      }
+      out.interrupted = true;
       break;
     }
-    const double t0 = monotonic_seconds();
-    if (loader_) loader_->next(tokens_, targets_);
+    const double t0 = monotonic_seconds() - load_s;
     const double lr = learning_rate(c_, step);
     const float loss = runner_->step(
         schedule_, [this](auto&&... a) { take_rows(a...); }, adamw_params(c_, step));

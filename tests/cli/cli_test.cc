@@ -510,6 +510,17 @@ TEST_F(ClusterTraining, ElasticJobsFinishOnTheDevicesLeft) {
   EXPECT_NEAR(last(dir_ + "/run/metrics.jsonl"), want, 1e-4 * want);
 }
 
+// A training shard truncated in place during a cluster run (H2_FAULT_TRUNCATE: rank 0 does it before step 4) stops
+// every rank at that step with an error naming the shard, after a checkpoint of the 3 steps done (it used to end in
+// SIGBUS through the mapping, with no checkpoint).
+TEST_F(ClusterTraining, AShardTruncatedUnderTheRanksStopsThemAfterACheckpoint) {
+  const Result r = run_h2(command() + " --set train.checkpoint_every=0", "H2_FAULT_TRUNCATE=4");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("the shard changed while in use"));
+  EXPECT_THAT(r.output, HasSubstr("train_000.bin"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/run/checkpoints/step_000003/state.json")) << r.output;
+}
+
 // A hand-written plan with tensor parallelism on one stage and data parallelism on the other (so activations
 // are resharded between them) trains; its checkpoint resumes under the planner's own plan and ends where a run
 // under that plan alone ends (the reference), since checkpoints and the data order do not depend on the plan.
