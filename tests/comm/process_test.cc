@@ -5,7 +5,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <map>
@@ -101,28 +100,20 @@ TEST(UcxProcesses, HierarchicalAllReduceAcrossTwoClaimedHosts) {
   }
 }
 
-// A local job (the store on loopback) listens on loopback only: UCX used to listen on every interface. With the
-// user's UCX_NET_DEVICES=all, it does listen elsewhere (what the check would see if the restriction were lost).
+// A local job (the store on loopback) listens on loopback only: UCX used to listen on every interface. (On this
+// host UCX's default already keeps to loopback, so this guards hosts where it does not; with UCX_NET_DEVICES=all it
+// listens elsewhere here too, but that run depends on the host's interfaces and is not part of the test.)
 TEST(UcxProcesses, ALocalJobListensOnLoopbackOnly) {
-  const auto listens = [](const std::vector<RankResult>& results) {
-    std::vector<std::string> out;
-    for (const RankResult& r : results) {
-      EXPECT_EQ(r.exit_code, 0) << r.output;
-      std::istringstream in(r.output);
-      for (std::string word, address; in >> word;) {
-        if (word == "listen" && in >> address) out.push_back(address);
-      }
+  std::vector<std::string> local;
+  for (const RankResult& r : run_ranks(2, "listening")) {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::istringstream in(r.output);
+    for (std::string word, address; in >> word;) {
+      if (word == "listen" && in >> address) local.push_back(address);
     }
-    return out;
-  };
-  const std::vector<std::string> local = listens(run_ranks(2, "listening"));
+  }
   ASSERT_FALSE(local.empty());  // the store, at least
-  for (const std::string& a : local)
-    EXPECT_TRUE(a.starts_with("0100007F:") || a.starts_with("00000000000000000000000001000000:")) << a;
-  const std::vector<std::string> all = listens(run_ranks(2, "listening", [](int) {
-    return std::map<std::string, std::string>{{"UCX_NET_DEVICES", "all"}};
-  }));
-  EXPECT_TRUE(std::any_of(all.begin(), all.end(), [](const std::string& a) { return !a.starts_with("0100007F:"); }));
+  for (const std::string& a : local) EXPECT_TRUE(a.starts_with("0100007F:")) << a;
 }
 
 // Whether process `pid` has ended (gone, or a zombie nobody has reaped yet).
