@@ -114,7 +114,10 @@ int64_t ConfigNode::as_int() const {
 }
 
 int64_t ConfigNode::int_in(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
-  if (!has(key)) return fallback;
+  return has(key) ? int_in(key, lo, hi) : fallback;
+}
+
+int64_t ConfigNode::int_in(const std::string& key, int64_t lo, int64_t hi) const {
   const ConfigNode n = at(key);
   const int64_t v = n.as_int();
   if (v < lo || v > hi) n.fail(cat("must be an integer in [", lo, ", ", hi, "], got ", v));

@@ -40,6 +40,7 @@ class ConfigNode {
   // A field within [lo, hi], or `fallback` when absent; anything else is an error naming the range (no wrap into a
   // narrower type, no silent clamp, no infinity).
   int64_t int_in(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const;
+  int64_t int_in(const std::string& key, int64_t lo, int64_t hi) const;  // required: absent is an error
   double number_in(const std::string& key, double fallback, double lo, double hi) const;
 
   // Applies a command-line override "a.b.c=VALUE" (VALUE parsed as YAML) to this tree, creating mappings on

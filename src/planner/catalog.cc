@@ -25,18 +25,6 @@ std::string ChipCatalog::names() const {
 
 namespace {
 
-double positive_figure(const ConfigNode& n, const char* key, double fallback) {
-  const double v = n.get<double>(key, fallback);
-  if (!(v > 0) || !std::isfinite(v)) n.at(key).fail(cat("must be a positive finite number, got ", v));
-  return v;
-}
-
-double latency(const ConfigNode& n, const char* key, double fallback) {
-  const double v = n.get<double>(key, fallback);
-  if (!(v >= 0) || !std::isfinite(v)) n.at(key).fail(cat("must be a finite number >= 0, got ", v));
-  return v;
-}
-
 // The node figures of a catalog entry (or the catalog's defaults, `d`).
 NodeGroup load_node(const ConfigNode& n, const NodeGroup& d) {
   NodeGroup g = d;
@@ -45,10 +33,10 @@ NodeGroup load_node(const ConfigNode& n, const NodeGroup& d) {
     if (v <= 0 || v > 1024) n.at("chips_per_node").fail(cat("must be in 1..1024, got ", v));
     g.chips_per_node = static_cast<int>(v);
   }
-  g.intra_node_gbps = positive_figure(n, "intra_node_gbps", d.intra_node_gbps);
-  g.intra_node_latency_us = latency(n, "intra_node_latency_us", d.intra_node_latency_us);
-  g.nic_gbps = positive_figure(n, "nic_gbps", d.nic_gbps);
-  g.nic_latency_us = latency(n, "nic_latency_us", d.nic_latency_us);
+  g.intra_node_gbps = positive_number(n, "intra_node_gbps", d.intra_node_gbps);
+  g.intra_node_latency_us = non_negative_number(n, "intra_node_latency_us", d.intra_node_latency_us);
+  g.nic_gbps = positive_number(n, "nic_gbps", d.nic_gbps);
+  g.nic_latency_us = non_negative_number(n, "nic_latency_us", d.nic_latency_us);
   return g;
 }
 
@@ -66,8 +54,8 @@ ChipCatalog load_catalog(const ConfigNode& root) {
     d->allow_only({"chips_per_node", "intra_node_gbps", "intra_node_latency_us", "nic_gbps", "nic_latency_us",
                    "between_types_gbps", "between_types_latency_us"});
     node = load_node(*d, node);
-    c.between_types.bandwidth_gbps = positive_figure(*d, "between_types_gbps", c.between_types.bandwidth_gbps);
-    c.between_types.latency_us = latency(*d, "between_types_latency_us", c.between_types.latency_us);
+    c.between_types.bandwidth_gbps = positive_number(*d, "between_types_gbps", c.between_types.bandwidth_gbps);
+    c.between_types.latency_us = non_negative_number(*d, "between_types_latency_us", c.between_types.latency_us);
   }
   for (const ConfigNode& n : root.at("chips").items()) {
     n.allow_only({"name", "vendor", "source", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",

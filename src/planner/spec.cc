@@ -12,19 +12,21 @@
 #include "planner/catalog.h"
 
 namespace h2 {
-namespace {
 
-double positive(const ConfigNode& node, const char* key) {
+double positive_number(const ConfigNode& node, const char* key, std::optional<double> fallback) {
+  if (fallback && !node.has(key)) return *fallback;
   const double v = node.get<double>(key);
   if (!(v > 0) || !std::isfinite(v)) node.at(key).fail(cat("must be a positive finite number, got ", v));
   return v;
 }
 
-double non_negative(const ConfigNode& node, const char* key, double fallback) {
+double non_negative_number(const ConfigNode& node, const char* key, double fallback) {
   const double v = node.get<double>(key, fallback);
   if (!(v >= 0) || !std::isfinite(v)) node.at(key).fail(cat("must be a finite number >= 0, got ", v));
   return v;
 }
+
+namespace {
 
 int64_t positive_int(const ConfigNode& node, const char* key) {
   const int64_t v = node.get<int64_t>(key);
@@ -185,7 +187,7 @@ std::string cluster_to_yaml(const Cluster& c) {
 ChipType load_chip(const ConfigNode& n, const ChipType* base) {
   ChipType t = base ? *base : ChipType{};
   const auto number = [&](const char* key, double& field, bool required) {
-    if (required || n.has(key)) field = positive(n, key);
+    field = positive_number(n, key, required ? std::nullopt : std::optional<double>(field));
   };
   const auto fraction = [&](const char* key, double& field) {
     if (!n.has(key)) return;
@@ -215,7 +217,7 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
   number("memory_gib", t.memory_gib, !base);
   number("memory_bandwidth_gbps", t.memory_bandwidth_gbps, !base);
   fraction("memory_efficiency", t.memory_efficiency);
-  t.kernel_overhead_us = non_negative(n, "kernel_overhead_us", t.kernel_overhead_us);
+  t.kernel_overhead_us = non_negative_number(n, "kernel_overhead_us", t.kernel_overhead_us);
   number("host_link_gbps", t.host_link_gbps, false);
   return t;
 }
@@ -272,16 +274,17 @@ Cluster load_cluster(const ConfigNode& root) {
     if (entry) {  // the catalog's node as the default of every figure
       const NodeGroup d = entry->node;
       g.chips_per_node = n.has("chips_per_node") ? positive_int32(n, "chips_per_node") : d.chips_per_node;
-      g.intra_node_gbps = n.has("intra_node_gbps") ? positive(n, "intra_node_gbps") : d.intra_node_gbps;
-      g.intra_node_latency_us = non_negative(n, "intra_node_latency_us", d.intra_node_latency_us);
-      g.nic_gbps = n.has("nic_gbps") ? positive(n, "nic_gbps") : d.nic_gbps;
-      g.nic_latency_us = non_negative(n, "nic_latency_us", d.nic_latency_us);
+      g.intra_node_gbps = positive_number(n, "intra_node_gbps", d.intra_node_gbps);
+      g.intra_node_latency_us = non_negative_number(n, "intra_node_latency_us", d.intra_node_latency_us);
+      g.nic_gbps = positive_number(n, "nic_gbps", d.nic_gbps);
+      g.nic_latency_us = non_negative_number(n, "nic_latency_us", d.nic_latency_us);
     } else {
       g.chips_per_node = positive_int32(n, "chips_per_node");
-      g.intra_node_gbps = g.chips_per_node > 1 ? positive(n, "intra_node_gbps") : n.get<double>("intra_node_gbps", 0);
-      g.intra_node_latency_us = non_negative(n, "intra_node_latency_us", 2);
-      g.nic_gbps = positive(n, "nic_gbps");
-      g.nic_latency_us = non_negative(n, "nic_latency_us", g.nic_latency_us);
+      g.intra_node_gbps =
+          g.chips_per_node > 1 ? positive_number(n, "intra_node_gbps") : n.get<double>("intra_node_gbps", 0);
+      g.intra_node_latency_us = non_negative_number(n, "intra_node_latency_us", 2);
+      g.nic_gbps = positive_number(n, "nic_gbps");
+      g.nic_latency_us = non_negative_number(n, "nic_latency_us", g.nic_latency_us);
     }
     c.groups.push_back(g);
   }
@@ -298,8 +301,8 @@ Cluster load_cluster(const ConfigNode& root) {
         if (*idx[i] < 0) ends[i].fail(cat("unknown chip type '", ends[i].as_string(), "'"));
       }
       if (l.a == l.b) n.at("between").fail("a link joins two different chip types (within a type the NICs are used)");
-      l.bandwidth_gbps = positive(n, "bandwidth_gbps");
-      l.latency_us = non_negative(n, "latency_us", 10);
+      l.bandwidth_gbps = positive_number(n, "bandwidth_gbps");
+      l.latency_us = non_negative_number(n, "latency_us", 10);
       l.device_direct = n.get<bool>("device_direct", false);
       c.links.push_back(l);
     }
@@ -343,8 +346,7 @@ TransformerShape load_model(const ConfigNode& root) {
 TrainSetup load_train_setup(const ConfigNode& root) {
   root.allow_only({"global_batch", "precision", "recompute", "zero1", "micro_batches", "max_tp"});
   TrainSetup t;
-  t.global_batch = root.int_in("global_batch", 0, 1, int64_t{1} << 32);
-  if (!root.has("global_batch")) root.at("global_batch");  // the error naming the missing field
+  t.global_batch = root.int_in("global_batch", 1, int64_t{1} << 32);
   if (auto p = root.find("precision")) {
     const std::optional<Precision> v = parse_precision(p->as_string());
     if (!v) p->fail("must be bf16 (bf16 compute, fp32 master weights and Adam) or f32 (all f32)");

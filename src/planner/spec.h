@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,11 @@ struct TrainSetup {
   std::vector<int> micro_batches = {1, 2, 4, 8};  // micro-batch sizes the search may use
   int max_tp = 0;                                 // the largest tensor-parallel degree allowed; 0 = any
 };
+
+// Checked readers of the planner's files (errors name the file, line and field): a positive finite number — the
+// fallback when the key is absent, required when there is none — and a finite number >= 0.
+double positive_number(const ConfigNode& node, const char* key, std::optional<double> fallback = std::nullopt);
+double non_negative_number(const ConfigNode& node, const char* key, double fallback);
 
 // The figures of one `chips:` entry; a field the entry leaves out is `base`'s (a catalog chip) or its default.
 ChipType load_chip(const ConfigNode& n, const ChipType* base = nullptr);

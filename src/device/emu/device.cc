@@ -122,8 +122,7 @@ std::vector<EmuProfile> load_emu_profiles(const ConfigNode& root) {
       chip.at("speed").fail(cat("must be in (0, 1], got ", p.speed,
                                 ". Speeds are relative to this host: scale all chips so the fastest is 1.0"));
     }
-    if (!chip.has("memory_mib")) chip.at("memory_mib");  // the error naming the missing field
-    p.mem_capacity_bytes = static_cast<size_t>(chip.int_in("memory_mib", 0, 1, int64_t{1} << 30)) << 20;
+    p.mem_capacity_bytes = static_cast<size_t>(chip.int_in("memory_mib", 1, int64_t{1} << 30)) << 20;
     p.mem_bandwidth_gbps = chip.number_in("memory_bandwidth_gbps", 0.0, 0.0, 1e6);  // 0: host speed
     if (auto n = chip.find("numerics")) {
       const std::optional<Numerics> v = parse_numerics(n->as_string());
