@@ -155,9 +155,10 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   std::optional<CostModel> left;  // under --elastic, the cost model of the devices left after failures
   for (int failure = 1; result.exit_code != 0 && options.elastic && result.failed_rank >= 0; ++failure) {
     const double failed_at = monotonic_seconds();
-    const StagePlan& dead =
-        in.run.plan.stages[static_cast<size_t>(stage_layout_of(in.run.plan).place(result.failed_rank).stage)];
-    planned_on = planned_on.without_device(planned_on.chip_index(dead.chip));
+    const StageLayout::Place where = stage_layout_of(in.run.plan).place(result.failed_rank);
+    const StagePlan& stage = in.run.plan.stages[static_cast<size_t>(where.stage)];
+    const std::string dead = stage.group_of(where.replica) ? stage.group_of(where.replica)->chip : stage.chip;
+    planned_on = planned_on.without_device(planned_on.chip_index(dead));
     ::unsetenv("H2_FAULT_KILL");  // a fault injected for the first run is not injected again
     left.emplace(planned_on, in.shape, in.setup);
     Plan next = plan_training(*left, PlannerOptions{});
@@ -171,7 +172,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     }
     const int64_t reached = last_logged_step((fs::path(out_dir) / "metrics.jsonl").string());
     std::printf("elastic: %s; the %s device is taken out and the job re-planned on the %d devices left:\n",
-                result.message.c_str(), dead.chip.c_str(), stage_layout_of(next).world_size());
+                result.message.c_str(), dead.c_str(), stage_layout_of(next).world_size());
     std::fputs(format_plan(next).c_str(), stdout);
     save_plan(in.run.plan, (fs::path(out_dir) / cat("plan.before_failure_", failure, ".json")).string());
     in.run.plan = next;

@@ -33,7 +33,7 @@ fs::path trace_part(const HeteroRun& run, int rank) {
 
 StageLayout stage_layout_of(const Plan& plan) {
   StageLayout layout;
-  for (const StagePlan& s : plan.stages) layout.stages.push_back(StageShape{s.dp, s.tp});
+  for (const StagePlan& s : plan.stages) layout.stages.push_back(StageShape{s.dp, s.tp, s.replica_rows()});
   return layout;
 }
 
@@ -60,7 +60,7 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
     if (s.tp < 1 || model.n_head % s.tp != 0) {
       fail(cat(where, "tp ", s.tp, " does not divide the model's ", model.n_head, " heads"));
     }
-    if (s.dp < 1 || rows % s.dp != 0) {
+    if (s.groups.empty() && (s.dp < 1 || rows % s.dp != 0)) {
       fail(cat(where, "dp ", s.dp, " does not divide a micro-batch of ", rows, " sequences (global_batch / ",
                "num_micro_batches)"));
     }
@@ -169,8 +169,10 @@ class RankTraining {
 };
 
 void RankTraining::build_stage() {
-  device_ =
-      create_device(DeviceSpec{.backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, stage_.chip)});
+  // A stage whose replicas mix chip types: this replica's type.
+  const ReplicaGroup* group = stage_.group_of(place_.replica);
+  device_ = create_device(DeviceSpec{
+      .backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, group ? group->chip : stage_.chip)});
   const GptRange range{stage_.embedding, stage_.first_layer, stage_.first_layer + stage_.layers, stage_.head};
   // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
   runner_ = std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
@@ -281,26 +283,28 @@ nlohmann::json RankTraining::memory_report() const {
   for (int r = 0; r < static_cast<int>(peaks_.size()); ++r) {
     const StageLayout::Place p = layout_.place(r);
     const StagePlan& s = plan_.stages[static_cast<size_t>(p.stage)];
+    const ReplicaGroup* group = s.group_of(p.replica);
     nlohmann::json entry = {{"rank", r},
                             {"stage", p.stage},
                             {"replica", p.replica},
                             {"tp_rank", p.t},
-                            {"chip", s.chip},
-                            {"planned_bytes", s.memory_bytes},
+                            {"chip", group ? group->chip : s.chip},
+                            {"planned_bytes", group ? group->memory_bytes : s.memory_bytes},
                             {"peak_bytes", peaks_[static_cast<size_t>(r)]}};
     if (static_cast<size_t>(r) < allocated_.size()) {
       // Term by term: model/costs.h's formula for this rank (its vocabulary shard) beside what it allocated.
-      const StageMemory predicted = stage_memory({.shape = plan_.shape,
-                                                  .embedding = s.embedding,
-                                                  .head = s.head,
-                                                  .layers = s.layers,
-                                                  .rows = rows_ / s.dp,
-                                                  .seq = T_,
-                                                  .tp = s.tp,
-                                                  .tp_rank = p.t,
-                                                  .optimizer_shards = run_.zero1 ? s.dp : 1,
-                                                  .recompute = s.recompute,
-                                                  .in_flight = max_in_flight(schedule_, p.stage)});
+      const StageMemory predicted =
+          stage_memory({.shape = plan_.shape,
+                        .embedding = s.embedding,
+                        .head = s.head,
+                        .layers = s.layers,
+                        .rows = layout_.stages[static_cast<size_t>(p.stage)].rows_of(p.replica, rows_),
+                        .seq = T_,
+                        .tp = s.tp,
+                        .tp_rank = p.t,
+                        .optimizer_shards = run_.zero1 ? s.dp : 1,
+                        .recompute = s.recompute,
+                        .in_flight = max_in_flight(schedule_, p.stage)});
       const std::vector<double> want = stage_memory_terms(predicted);
       for (size_t i = 0; i < want.size(); ++i) {
         entry["terms"][kStageMemoryTerms[i]] = {{"predicted", want[i]},

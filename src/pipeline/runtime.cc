@@ -15,10 +15,41 @@ namespace {
 uint32_t activation_tag(int m) { return static_cast<uint32_t>(2 * m); }
 uint32_t gradient_tag(int m) { return static_cast<uint32_t>(2 * m + 1); }
 
+void check_rows(const StageShape& shape, int stage, int rows) {
+  const std::string where = cat("pipeline stage ", stage, ": ");
+  if (shape.rows.empty()) {
+    if (rows <= 0 || rows % shape.dp != 0) {
+      throw Error(ErrorCode::kInvalidArgument, cat(where, "its ", shape.dp, " replicas do not divide a micro-batch of ",
+                                                   rows, " sequences; pick a micro-batch they divide"));
+    }
+    return;
+  }
+  int sum = 0;
+  for (int r : shape.rows) {
+    if (r <= 0) throw Error(ErrorCode::kInvalidArgument, cat(where, "every replica needs at least one sequence"));
+    sum += r;
+  }
+  if (static_cast<int>(shape.rows.size()) != shape.dp || sum != rows) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat(where, "the shares of its ", shape.dp, " replicas (", shape.rows.size(), " given) add up to ", sum,
+                    " sequences, not the micro-batch's ", rows));
+  }
+}
+
 }  // namespace
 
 StageLayout StageLayout::uniform(int stages, int dp, int tp) {
   return StageLayout{std::vector<StageShape>(static_cast<size_t>(stages), StageShape{dp, tp})};
+}
+
+int StageShape::rows_of(int replica, int micro_batch_rows) const {
+  return rows.empty() ? micro_batch_rows / dp : rows[static_cast<size_t>(replica)];
+}
+
+int StageShape::first_row(int replica, int micro_batch_rows) const {
+  int first = 0;
+  for (int d = 0; d < replica; ++d) first += rows_of(d, micro_batch_rows);
+  return first;
 }
 
 int StageLayout::world_size() const { return first_rank(num_stages()); }
@@ -42,22 +73,21 @@ StageLayout::Place StageLayout::place(int rank) const {
 }
 
 std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, int64_t row_elements, int from, int to) {
-  const StageShape src = layout.stages[static_cast<size_t>(from)], dst = layout.stages[static_cast<size_t>(to)];
-  const int64_t src_part = rows / src.dp * row_elements, dst_part = rows / dst.dp * row_elements;
-  const int64_t chunk = dst_part / dst.tp;  // C is divisible by TP, so chunks are whole
+  const StageShape &src = layout.stages[static_cast<size_t>(from)], &dst = layout.stages[static_cast<size_t>(to)];
   // With more sending than receiving TP ranks, each chunk comes in as many pieces, one from each of them.
   const int pieces = std::max(1, src.tp / dst.tp);
   std::vector<Transfer> out;
   for (int d = 0; d < dst.dp; ++d) {
+    const int64_t base = dst.first_row(d, rows) * row_elements;
+    const int64_t chunk = dst.rows_of(d, rows) * row_elements / dst.tp;  // C is divisible by TP: chunks are whole
     for (int t = 0; t < dst.tp; ++t) {
       for (int j = 0; j < pieces; ++j) {
-        const int64_t lo = d * dst_part + t * chunk + chunk * j / pieces,
-                      hi = d * dst_part + t * chunk + chunk * (j + 1) / pieces;
+        const int64_t lo = base + t * chunk + chunk * j / pieces, hi = base + t * chunk + chunk * (j + 1) / pieces;
         const int sender = (t + j * dst.tp) % src.tp;
-        for (int64_t e = lo / src_part; e < src.dp && e * src_part < hi; ++e) {
-          const int64_t a = std::max(lo, e * src_part), b = std::min(hi, (e + 1) * src_part);
-          if (a < b)
-            out.push_back({layout.rank_of(from, static_cast<int>(e), sender), layout.rank_of(to, d, t), a, b - a});
+        for (int e = 0; e < src.dp; ++e) {
+          const int64_t e_lo = src.first_row(e, rows) * row_elements, e_hi = e_lo + src.rows_of(e, rows) * row_elements;
+          const int64_t a = std::max(lo, e_lo), b = std::min(hi, e_hi);
+          if (a < b) out.push_back({layout.rank_of(from, e, sender), layout.rank_of(to, d, t), a, b - a});
         }
       }
     }
@@ -137,14 +167,9 @@ StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range
                 cat("pipeline stage ", stage, " of ", layout.num_stages(),
                     ": only the first stage holds the embedding and only the last the head"));
   }
-  for (int s = 0; s < layout.num_stages(); ++s) {
-    if (rows <= 0 || rows % layout.stages[static_cast<size_t>(s)].dp != 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  cat("pipeline stage ", s, ": its ", layout.stages[static_cast<size_t>(s)].dp,
-                      " replicas do not divide a micro-batch of ", rows, " sequences; pick a micro-batch they divide"));
-    }
-  }
-  B_ = rows / layout.stages[static_cast<size_t>(stage)].dp;
+  for (int s = 0; s < layout.num_stages(); ++s) check_rows(layout.stages[static_cast<size_t>(s)], s, rows);
+  B_ = layout.stages[static_cast<size_t>(stage)].rows_of(place_.replica, rows);
+  first_row_ = layout.stages[static_cast<size_t>(stage)].first_row(place_.replica, rows);
   const int me = comms.all.rank();
   const int64_t row_elements = int64_t{T} * config.n_embd;
   auto mine = [&](int from, int to, bool sending) {
@@ -222,14 +247,17 @@ int StageRunner::slot_of(int m) {
                   " micro-batches in flight, the activation slots this stage was built with"));
 }
 
-float StageRunner::loss_scale() const { return 1.0f / static_cast<float>(micro_batches_ * layout_.stages.back().dp); }
+// The loss is each replica's mean over its rows: weighted by its share, the sums are of the mean over every row.
+float StageRunner::loss_scale() const {
+  return static_cast<float>(B_) / static_cast<float>(int64_t{micro_batches_} * rows_);
+}
 
 void StageRunner::forward(int m, const Batch& batch) {
   const int slot = slot_of(m);
   model_->use_slot(slot);
   if (first_ || last_) {
     std::vector<int32_t> tokens, targets;
-    batch(m, place_.replica * B_, B_, tokens, targets);
+    batch(m, first_row_, B_, tokens, targets);
     if (first_) copy_from_host(tokens_[static_cast<size_t>(slot)], tokens.data());
     if (last_) copy_from_host(targets_, targets.data());
   }
@@ -256,7 +284,7 @@ void StageRunner::backward(int m) {
 
 // A piece's elements within this replica's part of the micro-batch.
 Tensor StageRunner::piece_of(const Tensor& t, const Transfer& piece) const {
-  const int64_t lo = piece.first - int64_t{place_.replica} * t.numel();
+  const int64_t lo = piece.first - int64_t{first_row_} * T_ * config_.n_embd;
   return t.reshape({t.numel()}).slice(lo, lo + piece.count);
 }
 
@@ -337,10 +365,10 @@ float StageRunner::step(const Schedule& schedule, const Batch& batch, const Adam
   return share_loss(loss_sum_, micro_batches_);
 }
 
-// The mean over micro-batches on the last stage, averaged over its replicas, then sent to every rank.
+// The mean over micro-batches on the last stage, its replicas' means weighted by their rows, then sent to every rank.
 float StageRunner::share_loss(double loss_sum, int micro_batches) {
-  float loss = static_cast<float>(loss_sum / micro_batches);
-  if (last_) comms_.dp.all_reduce(&loss, 1, DType::kF32, ReduceOp::kAvg);
+  float loss = static_cast<float>(loss_sum / micro_batches * B_ / rows_);
+  if (last_) comms_.dp.all_reduce(&loss, 1, DType::kF32, ReduceOp::kSum);
   comms_.all.broadcast(&loss, 1, DType::kF32, layout_.first_rank(layout_.num_stages() - 1));
   return loss;
 }

@@ -2,8 +2,9 @@
 // interpreter of its action list (schedule/schedule.h).
 //
 // Ranks: stage s has dp_s replicas of tp_s tensor-parallel ranks each (StageLayout); stages may differ in both.
-// A micro-batch is `rows` sequences; replica d of stage s holds rows [d rows/dp_s, (d+1) rows/dp_s), and every
-// TP rank of a replica holds all of its rows. At a stage boundary each receiving rank gets, from every replica
+// A micro-batch is `rows` sequences; replica d of stage s holds its consecutive share of them (rows/dp_s each, or
+// the uneven shares StageShape::rows gives replicas on chips of different speed), and every TP rank of a replica
+// holds all of its rows. At a stage boundary each receiving rank gets, from every replica
 // of the other stage whose rows overlap its own, that overlap - sent by the TP rank whose index is its own
 // modulo the sender's TP degree - so activations (forward) and their gradients (backward) are resharded when
 // neighbouring stages differ in DP or TP (tags encode direction and micro-batch).
@@ -12,7 +13,8 @@
 // first and the last stage, row range by row range of their vocabulary-parallel shards; OPTIM takes the global
 // gradient norm over every rank, counting replicated tensors once, clips, and runs AdamW - the same step as
 // single-device training (train/optimizer.h). The loss gradient is scaled by 1 / (micro-batches x the last
-// stage's replicas), so these sums are the gradient of the mean loss.
+// stage's replicas; with uneven shares, a replica's by its share of the rows), so these sums are the gradient of
+// the mean loss over every sequence.
 //
 // Memory (model/costs.h's stage_memory counts exactly these device allocations): the model (parameters,
 // gradients, activations of the micro-batches in flight by the stage's recomputation policy, gradient scratch);
@@ -40,6 +42,12 @@ namespace h2 {
 struct StageShape {
   int dp = 1;  // replicas
   int tp = 1;  // tensor-parallel ranks per replica
+  // Per replica, its sequences of a micro-batch (replicas on chips of different speed take uneven shares; they
+  // add up to the micro-batch); empty: an equal share each.
+  std::vector<int> rows;
+
+  int rows_of(int replica, int micro_batch_rows) const;
+  int first_row(int replica, int micro_batch_rows) const;  // replicas hold consecutive rows, in order
 };
 
 struct StageLayout {
@@ -105,9 +113,9 @@ class StageRunner {
                                    std::vector<int32_t>& targets)>;
 
   // This rank's stage of `layout` (its place follows from comms.all's rank), for micro-batches of `rows`
-  // sequences of length T; every stage's dp must divide rows. `policy`: the recomputation and the micro-batches
-  // in flight (the schedule's max_in_flight for this stage). An allocation past the device's memory is an
-  // Error(kOutOfMemory) naming the stage, the rank and the device's sizes.
+  // sequences of length T; every stage's dp must divide rows, or its uneven shares add up to rows. `policy`: the
+  // recomputation and the micro-batches in flight (the schedule's max_in_flight for this stage). An allocation past the
+  // device's memory is an Error(kOutOfMemory) naming the stage, the rank and the device's sizes.
   StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout, StageComms& comms,
               int rows, int T, OptimOptions options, ActivationPolicy policy = {});
   Gpt& model() { return *model_; }
@@ -158,7 +166,8 @@ class StageRunner {
   StageLayout::Place place_;
   StageComms& comms_;
   TensorComm all_, dp_, tp_;
-  int rows_, B_, T_;  // the micro-batch's rows, and this replica's share of them
+  int rows_, B_, T_;   // the micro-batch's rows, and this replica's share of them
+  int first_row_ = 0;  // where its share starts
   OptimOptions options_;
   std::unique_ptr<Gpt> model_;
   OptimizerState optimizer_;

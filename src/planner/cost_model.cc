@@ -2,6 +2,7 @@
 #include "planner/cost_model.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -147,6 +148,27 @@ double CostModel::dp_allreduce_s(int chip, int tp, int dp, double params_per_dev
   const bool one_node = tp * dp <= g.chips_per_node;
   return ring_allreduce_s(params_per_device * k_.bytes.grad, dp, one_node ? g.intra_node_gbps : g.nic_gbps,
                           one_node ? g.intra_node_latency_us : g.nic_latency_us);
+}
+
+double CostModel::dp_allreduce_s(const std::vector<int>& chips, int tp, int dp, double params_per_device) const {
+  if (chips.size() == 1) return dp_allreduce_s(chips.front(), tp, dp, params_per_device);
+  double gbps = std::numeric_limits<double>::infinity(), latency_us = 0, host_gbps = gbps;
+  bool staged = false;
+  for (size_t i = 0; i < chips.size(); ++i) {
+    const NodeGroup& g = cluster_.group_of(chips[i]);
+    gbps = std::min(gbps, g.nic_gbps);
+    latency_us = std::max(latency_us, g.nic_latency_us);
+    host_gbps = std::min(host_gbps, cluster_.chips[static_cast<size_t>(chips[i])].host_link_gbps);
+    for (size_t j = i + 1; j < chips.size(); ++j) {
+      const GroupLink l = cluster_.link(chips[i], chips[j]);
+      gbps = std::min(gbps, l.bandwidth_gbps);
+      latency_us = std::max(latency_us, l.latency_us);
+      staged = staged || !l.device_direct;
+    }
+  }
+  // Staged: each ring step's bytes also go device -> host and host -> device.
+  if (staged) gbps = 1.0 / (1.0 / gbps + 2.0 / host_gbps);
+  return ring_allreduce_s(params_per_device * k_.bytes.grad, dp, gbps, latency_us);
 }
 
 double CostModel::tied_allreduce_s(int a, int b, double params) const {

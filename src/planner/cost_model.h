@@ -60,6 +60,10 @@ class CostModel {
   double transfer_s(int from, int tp_from, int to, int tp_to, int b) const;
   // Gradient all-reduce over the stage's dp replicas of `params` parameters held per device.
   double dp_allreduce_s(int chip, int tp, int dp, double params_per_device) const;
+  // The same over replicas of several chip types (a mixed stage): the ring crosses between the types, so it runs
+  // at the slowest of their NICs and the links between them, staged through host memory where a link is not
+  // device-direct.
+  double dp_allreduce_s(const std::vector<int>& chips, int tp, int dp, double params_per_device) const;
   // The tied token embedding's gradient summed between the first stage (chip a) and the last (chip b), which
   // keep identical copies (Megatron-LM's embedding group): a 2-rank all-reduce over the link between them.
   double tied_allreduce_s(int a, int b, double params) const;

@@ -1,6 +1,8 @@
 // What-if layouts (see layout.h).
 #include "planner/layout.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace h2 {
@@ -35,15 +37,31 @@ void check_layout(const CostModel& c, const LayoutSpec& s,
                c.cluster().chips[static_cast<size_t>(st.chip)].name, " (tensor parallelism stays in a node)"));
     }
     const int dp = l.stage_dp(i);
-    if (dp < 1 || rows % dp != 0)
+    if (st.mix.empty() && (dp < 1 || rows % dp != 0))
       fail(i, "dp", cat(dp, " replicas do not divide a micro-batch of ", rows, " sequences"));
+    if (!st.mix.empty()) {
+      int64_t replicas = 0, shared = 0;
+      for (const Layout::Share& share : st.mix) {
+        if (st.tp > c.cluster().group_of(share.chip).chips_per_node) {
+          fail(i, "mix",
+               cat("TP ", st.tp, " exceeds the chips of a node of ",
+                   c.cluster().chips[static_cast<size_t>(share.chip)].name));
+        }
+        replicas += share.replicas;
+        shared += int64_t{share.replicas} * share.rows;
+        used[static_cast<size_t>(share.chip)] += st.tp * share.replicas;
+      }
+      if (replicas != dp || shared != rows) {
+        fail(i, "mix", cat("its ", replicas, " replicas take ", shared, " sequences; a micro-batch is ", rows));
+      }
+    }
     if (s.layers[i] < 0) fail(i, "layers", cat("must be >= 0, got ", s.layers[i]));
     if (s.layers[i] == 0 && i > 0 && i + 1 < l.stages.size()) {
       fail(i, "layers", "a stage between the first and the last needs at least one layer");
     }
     total += s.layers[i];
     fewest = std::min(fewest, s.layers[i]);
-    used[static_cast<size_t>(st.chip)] += st.tp * dp;
+    if (st.mix.empty()) used[static_cast<size_t>(st.chip)] += st.tp * dp;
   }
   if (total != m.layers) fail(kTop, "stages", cat("the stages hold ", total, " layers; the model has ", m.layers));
   for (size_t k = 0; k < used.size(); ++k) {
@@ -89,13 +107,31 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
   s.layout.chunks = int_field(root, "chunks", 1);
   const std::vector<ConfigNode> stages = root.at("stages").items();
   for (const ConfigNode& n : stages) {
-    n.allow_only({"chip", "tp", "dp", "layers", "recompute"});
-    const std::string chip = n.get<std::string>("chip");
-    const int index = c.cluster().chip_index(chip);
-    if (index < 0) n.at("chip").fail(cat("unknown chip type '", chip, "' in cluster ", c.cluster().name));
+    n.allow_only({"chip", "tp", "dp", "mix", "layers", "recompute"});
+    const auto chip_of = [&](const ConfigNode& node) {
+      const std::string chip = node.get<std::string>("chip");
+      const int index = c.cluster().chip_index(chip);
+      if (index < 0) node.at("chip").fail(cat("unknown chip type '", chip, "' in cluster ", c.cluster().name));
+      return index;
+    };
     const int64_t layers = n.get<int64_t>("layers");
     if (layers < 0 || layers > c.model().layers) n.at("layers").fail(cat("must be in [0, ", c.model().layers, "]"));
-    s.layout.stages.push_back({index, int_field(n, "tp", 1), n.has("dp") ? int_field(n, "dp", 1) : 0});
+    Layout::Slot slot{0, int_field(n, "tp", 1), n.has("dp") ? int_field(n, "dp", 1) : 0};
+    if (n.has("mix")) {
+      // Replicas of several chip types with their shares of a micro-batch: [{chip: A100, replicas: 2, rows: 3}, ..].
+      if (n.has("chip") || n.has("dp")) n.at("mix").fail("a stage gives either chip (and dp) or mix, not both");
+      slot.dp = 0;
+      for (const ConfigNode& m : n.at("mix").items()) {
+        m.allow_only({"chip", "replicas", "rows"});
+        slot.mix.push_back({chip_of(m), int_field(m, "replicas", 1), int_field(m, "rows", 1)});
+        slot.dp += slot.mix.back().replicas;
+      }
+      if (slot.mix.empty()) n.at("mix").fail("lists no replicas");
+      slot.chip = slot.mix.front().chip;
+    } else {
+      slot.chip = chip_of(n);
+    }
+    s.layout.stages.push_back(slot);
     s.layers.push_back(static_cast<int>(layers));
     std::optional<Recompute> r;
     if (n.has("recompute")) {
@@ -116,12 +152,17 @@ void check_plan_on_cluster(const Plan& plan, const Cluster& cluster, const std::
   std::vector<int64_t> used(cluster.chips.size(), 0);
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
-    const int k = cluster.chip_index(s.chip);
-    if (k < 0) {
-      throw Error(ErrorCode::kConfig, cat(source, ": stage ", i, " runs on chip type '", s.chip, "', which cluster ",
-                                          cluster.name, " does not have; plan for this cluster (h2 plan --cluster)"));
+    std::vector<std::pair<std::string, int64_t>> types = {{s.chip, s.dp}};  // chip type, replicas
+    if (!s.groups.empty()) types.clear();
+    for (const ReplicaGroup& g : s.groups) types.push_back({g.chip, g.replicas});
+    for (const auto& [chip, replicas] : types) {
+      const int k = cluster.chip_index(chip);
+      if (k < 0) {
+        throw Error(ErrorCode::kConfig, cat(source, ": stage ", i, " runs on chip type '", chip, "', which cluster ",
+                                            cluster.name, " does not have; plan for this cluster (h2 plan --cluster)"));
+      }
+      used[static_cast<size_t>(k)] += int64_t{s.tp} * replicas;
     }
-    used[static_cast<size_t>(k)] += int64_t{s.tp} * s.dp;
   }
   for (size_t k = 0; k < used.size(); ++k) {
     const int have = cluster.devices_of(static_cast<int>(k));
@@ -156,9 +197,11 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
   LayoutSpec s;
   s.layout = layout_of(plan, c.cluster());
   for (size_t i = 0; i < plan.stages.size(); ++i) {
-    if (s.layout.stages[i].chip < 0) {
-      throw Error(ErrorCode::kConfig, cat("stages[", i, "].chip: chip type '", plan.stages[i].chip,
-                                          "' is not in cluster ", c.cluster().name));
+    const Layout::Slot& slot = s.layout.stages[i];
+    if (slot.chip < 0 ||
+        std::any_of(slot.mix.begin(), slot.mix.end(), [](const Layout::Share& x) { return x.chip < 0; })) {
+      throw Error(ErrorCode::kConfig, cat("stages[", i, "].chip: a chip type of stage ", i, " (", plan.stages[i].chip,
+                                          ") is not in cluster ", c.cluster().name));
     }
     s.layers.push_back(plan.stages[i].layers);
     s.recompute.push_back(plan.stages[i].recompute);

@@ -67,6 +67,17 @@ void visit_stage(S& s, F&& f) {
 }
 
 template <typename S, typename F>
+void visit_group(S& g, F&& f) {
+  f("chip", g.chip);
+  f("replicas", g.replicas);
+  f("rows", g.rows);
+  f("forward_s", g.forward_s);
+  f("backward_s", g.backward_s);
+  f("memory_bytes", g.memory_bytes);
+  f("capacity_bytes", g.capacity_bytes);
+}
+
+template <typename S, typename F>
 void visit_prediction(S& p, F&& f) {
   f("step_s", p.step_s);
   f("tokens_per_s", p.tokens_per_s);
@@ -159,6 +170,11 @@ std::string Plan::to_json() const {
     nlohmann::ordered_json st;
     visit_stage(s, Writer{st});
     st["memory_headroom"] = s.capacity_bytes > 0 ? 1.0 - s.memory_bytes / s.capacity_bytes : 0.0;  // derived
+    for (const ReplicaGroup& g : s.groups) {
+      nlohmann::ordered_json gj;
+      visit_group(g, Writer{gj});
+      st["groups"].push_back(gj);
+    }
     stages_json.push_back(st);
   }
   j["stages"] = stages_json;
@@ -180,7 +196,7 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
   top("format", format);
   if (format != "h2-plan") throw Error(ErrorCode::kConfig, cat(source, ": not an H2 plan (format is not h2-plan)"));
   top("version", p.version);
-  if (p.version != kPlanVersion) {
+  if (p.version != kPlanVersion && p.version != 3) {
     throw Error(ErrorCode::kConfig,
                 cat(source, ": plan version ", p.version, "; this build reads version ", kPlanVersion));
   }
@@ -199,11 +215,36 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
     if (!stages[i].is_object()) top.fail(cat("stages[", i, "]").c_str(), "expected an object");
     StagePlan st;
     visit_stage(st, Reader{stages[i], source, where});
+    if (stages[i].contains("groups")) {
+      const nlohmann::json& groups = stages[i].at("groups");
+      if (!groups.is_array()) Reader{stages[i], source, where}.fail("groups", "expected a list");
+      for (size_t k = 0; k < groups.size(); ++k) {
+        if (!groups[k].is_object())
+          Reader{stages[i], source, where}.fail(cat("groups[", k, "]").c_str(), "expected an object");
+        ReplicaGroup g;
+        visit_group(g, Reader{groups[k], source, cat(where, "groups[", k, "].")});
+        st.groups.push_back(g);
+      }
+    }
     p.stages.push_back(st);
   }
   visit_prediction(p, object(j, "prediction", ""));
   check_plan(p, source);
   return p;
+}
+
+const ReplicaGroup* StagePlan::group_of(int replica) const {
+  for (const ReplicaGroup& g : groups) {
+    if (replica < g.replicas) return &g;
+    replica -= g.replicas;
+  }
+  return nullptr;
+}
+
+std::vector<int> StagePlan::replica_rows() const {
+  std::vector<int> rows;
+  for (const ReplicaGroup& g : groups) rows.insert(rows.end(), static_cast<size_t>(g.replicas), g.rows);
+  return rows;
 }
 
 void save_plan(const Plan& plan, const std::string& path) { write_file_atomic(path, plan.to_json()); }
@@ -249,8 +290,24 @@ void check_plan(const Plan& p, const std::string& source) {
     const StagePlan& s = p.stages[i];
     const std::string where = cat("stages[", i, "].");
     if (s.tp < 1 || s.tp > 1024) fail(where + "tp", cat("must be in 1..1024, got ", s.tp));
-    if (s.dp < 1 || rows % s.dp != 0) {
+    if (s.groups.empty() && (s.dp < 1 || rows % s.dp != 0)) {
       fail(where + "dp", cat(s.dp, " replicas do not divide a micro-batch's ", rows, " sequences"));
+    }
+    int64_t replicas = 0, shared = 0;
+    for (size_t k = 0; k < s.groups.size(); ++k) {
+      const ReplicaGroup& g = s.groups[k];
+      const std::string at = cat(where, "groups[", k, "].");
+      if (g.replicas < 1 || g.replicas > 1 << 20) fail(at + "replicas", cat("must be in 1..2^20, got ", g.replicas));
+      if (g.rows < 1 || g.rows > rows) fail(at + "rows", cat("must be in 1..", rows, ", got ", g.rows));
+      for (auto [v, name] : {std::pair{g.forward_s, "forward_s"}, {g.backward_s, "backward_s"}}) {
+        if (!(v >= 0 && v <= 1e6)) fail(at + name, cat("must be in [0, 1e6], got ", v));
+      }
+      replicas += g.replicas;
+      shared += int64_t{g.replicas} * g.rows;
+    }
+    if (!s.groups.empty() && (replicas != s.dp || shared != rows)) {
+      fail(where + "groups", cat("their ", replicas, " replicas take ", shared, " sequences; the stage has dp ", s.dp,
+                                 " and a micro-batch ", rows));
     }
     if (s.first_layer != next_layer || s.layers < 0) {
       fail(where + "first_layer", cat("layers ", s.first_layer, "..", s.first_layer + s.layers - 1,

@@ -10,7 +10,19 @@
 
 namespace h2 {
 
-inline constexpr int kPlanVersion = 3;
+inline constexpr int kPlanVersion = 4;  // 4: stages whose replicas mix chip types (groups); 3 still loads
+
+// The replicas of one chip type in a stage whose replicas are of several types: each takes `rows` sequences of a
+// micro-batch (uneven shares, in proportion to the chips' speed), so the stage's replicas finish together.
+struct ReplicaGroup {
+  std::string chip;
+  int chip_index = 0;
+  int replicas = 1;
+  int rows = 1;
+  // Predictions for one replica of the group: seconds per micro-batch, bytes per device.
+  double forward_s = 0, backward_s = 0;
+  double memory_bytes = 0, capacity_bytes = 0;
+};
 
 struct StagePlan {
   std::string chip;  // chip type name
@@ -33,8 +45,14 @@ struct StagePlan {
   // communication); the total state + buffers + in_flight x activations, against the usable capacity.
   double state_bytes = 0, activation_bytes = 0, buffer_bytes = 0;
   double memory_bytes = 0, capacity_bytes = 0;
+  // Replicas of several chip types, in this order (their replicas add up to dp, their rows x replicas to a
+  // micro-batch's dp x micro_batch sequences); the stage's own chip, times and memory are then those of the group
+  // that bounds it. Empty: dp replicas of `chip`, an equal share each.
+  std::vector<ReplicaGroup> groups;
 
   int devices() const { return tp * dp; }
+  const ReplicaGroup* group_of(int replica) const;  // nullptr without groups
+  std::vector<int> replica_rows() const;            // per replica, its sequences; empty without groups
 };
 
 struct Plan {

@@ -35,19 +35,69 @@ struct StageTerms {
   double per_layer_bytes[3];  // by Recompute: a layer's state and its activations for every micro-batch in flight
   double state_layer_bytes;   // a layer's weights, gradients and optimizer state
   StageMemorySpec spec;       // the stage without its layer count and recomputation
+  // A stage whose replicas mix chip types: each type's own terms (its rows); the stage's times are the slowest
+  // share's and its layers those that fit on every share.
+  std::vector<StageTerms> shares;
+  int replicas = 0;  // of a share
   // Layers that fit with recomputation r (may be < 0: not even the fixed part fits).
   int64_t cap(Recompute r) const {
+    if (!shares.empty()) {
+      int64_t least = std::numeric_limits<int64_t>::max();
+      for (const StageTerms& s : shares) least = std::min(least, s.cap(r));
+      return least;
+    }
     const int i = static_cast<int>(r);
     return static_cast<int64_t>(std::floor((usable_bytes - fixed_bytes[i] - kRoundingBytes) / per_layer_bytes[i]));
   }
-  double layer_s(Recompute r) const { return fwd_layer_s + bwd_layer_s[static_cast<int>(r)]; }
+  double layer_s(Recompute r) const {
+    double slowest = fwd_layer_s + bwd_layer_s[static_cast<int>(r)];
+    for (const StageTerms& s : shares) slowest = std::max(slowest, s.layer_s(r));
+    return slowest;
+  }
+  // The stage's replicas by chip type: its shares, or itself.
+  std::vector<const StageTerms*> members() const {
+    std::vector<const StageTerms*> out;
+    for (const StageTerms& s : shares) out.push_back(&s);
+    if (out.empty()) out.push_back(this);
+    return out;
+  }
   static constexpr double kRoundingBytes = 4096;  // ZeRO-1's rounded-up shards
 };
+
+// A stage's embedding or head work and its memory terms, given its chip, TP, rows, replicas and place.
+void fill_memory(const CostModel& c, StageTerms& t) {
+  if (t.embedding) {
+    t.extra_fwd_s += t.times->embedding_forward_s;
+    t.extra_bwd_s += t.times->embedding_backward_s;
+  }
+  if (t.head) {
+    t.extra_fwd_s += t.times->head_forward_s;
+    t.extra_bwd_s += t.times->head_backward_s;
+  }
+  t.spec = StageMemorySpec{.shape = c.model(),
+                           .embedding = t.embedding,
+                           .head = t.head,
+                           .rows = t.rows,
+                           .tp = t.tp,
+                           .optimizer_shards = c.train().zero1 ? t.dp : 1,
+                           .in_flight = t.in_flight};
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    StageMemorySpec spec = t.spec;
+    spec.recompute = r;
+    spec.layers = 1;
+    const StageMemory one = c.stage_memory(spec);
+    spec.layers = 2;
+    const StageMemory two = c.stage_memory(spec);
+    const int k = static_cast<int>(r);
+    t.per_layer_bytes[k] = two.total() - one.total();
+    t.fixed_bytes[k] = one.total() - t.per_layer_bytes[k];
+    t.state_layer_bytes = two.state() - one.state();
+  }
+}
 
 std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   const int p = static_cast<int>(layout.stages.size());
   const int m = static_cast<int>(c.train().global_batch / (layout.dp * layout.micro_batch));
-  const int rows = layout.dp * layout.micro_batch;  // a micro-batch's sequences over a stage's replicas
   // 1F1B's micro-batches in flight have a closed form (max_in_flight's, tested equal); other schedules are generated.
   const bool one_f_one_b = layout.schedule == ScheduleKind::k1F1B;
   const Schedule schedule = one_f_one_b ? Schedule{} : make_schedule(layout.schedule, p, layout.chunks, m);
@@ -71,42 +121,35 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   std::vector<StageTerms> out;
   out.reserve(static_cast<size_t>(p));
   for (int i = 0; i < p; ++i) {
-    const auto [chip, tp, own_dp] = layout.stages[static_cast<size_t>(i)];
-    const int dp = layout.stage_dp(static_cast<size_t>(i)), b = rows / dp;
-    StageTerms t = base(chip, tp, b);
-    t.dp = dp;
-    // The micro-batches (a chunk's share each when interleaved) its schedule keeps in flight: 1F1B min(p - i, m).
-    t.in_flight = one_f_one_b ? std::min(p - i, m) : max_in_flight(schedule, i);
-    t.embedding = i == 0;
-    t.head = i == p - 1;
-    if (t.embedding) {
-      t.extra_fwd_s += t.times->embedding_forward_s;
-      t.extra_bwd_s += t.times->embedding_backward_s;
+    const int dp = layout.stage_dp(static_cast<size_t>(i)), tp = layout.stages[static_cast<size_t>(i)].tp;
+    std::vector<StageTerms> shares;
+    for (const Layout::Share& s : layout.shares(static_cast<size_t>(i))) {
+      StageTerms t = base(s.chip, tp, s.rows);
+      t.replicas = s.replicas;
+      shares.push_back(t);
     }
-    if (t.head) {
-      t.extra_fwd_s += t.times->head_forward_s;
-      t.extra_bwd_s += t.times->head_backward_s;
+    for (StageTerms& t : shares) {
+      t.dp = dp;
+      // The micro-batches (a chunk's share each when interleaved) its schedule keeps in flight: 1F1B min(p - i, m).
+      t.in_flight = one_f_one_b ? std::min(p - i, m) : max_in_flight(schedule, i);
+      t.embedding = i == 0;
+      t.head = i == p - 1;
+      fill_memory(c, t);
     }
-    t.spec = StageMemorySpec{.shape = c.model(),
-                             .embedding = t.embedding,
-                             .head = t.head,
-                             .rows = b,
-                             .tp = tp,
-                             .optimizer_shards = c.train().zero1 ? dp : 1,
-                             .in_flight = t.in_flight};
-    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-      StageMemorySpec spec = t.spec;
-      spec.recompute = r;
-      spec.layers = 1;
-      const StageMemory one = c.stage_memory(spec);
-      spec.layers = 2;
-      const StageMemory two = c.stage_memory(spec);
-      const int k = static_cast<int>(r);
-      t.per_layer_bytes[k] = two.total() - one.total();
-      t.fixed_bytes[k] = one.total() - t.per_layer_bytes[k];
-      t.state_layer_bytes = two.state() - one.state();
+    if (shares.size() == 1) {
+      out.push_back(shares.front());
+      continue;
     }
-    out.push_back(t);
+    // Mixed: the stage's time per layer and extra work are the slowest share's; the rest stays the first share's.
+    StageTerms whole = shares.front();
+    for (const StageTerms& s : shares) {
+      whole.fwd_layer_s = std::max(whole.fwd_layer_s, s.fwd_layer_s);
+      for (int r = 0; r < 3; ++r) whole.bwd_layer_s[r] = std::max(whole.bwd_layer_s[r], s.bwd_layer_s[r]);
+      whole.extra_fwd_s = std::max(whole.extra_fwd_s, s.extra_fwd_s);
+      whole.extra_bwd_s = std::max(whole.extra_bwd_s, s.extra_bwd_s);
+    }
+    whole.shares = std::move(shares);
+    out.push_back(std::move(whole));
   }
   return out;
 }
@@ -192,53 +235,81 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
         }
       }
     }
-    StageMemorySpec spec = t.spec;
-    spec.layers = n;
-    spec.recompute = pick.value_or(choices.back());
-    const StageMemory memory = c.stage_memory(spec);
-    // Interleaved: a micro-batch in flight holds one chunk's share of the stage's activations.
-    const double total = memory.state() + memory.buffers() + t.in_flight * memory.per_micro_batch() / v;
-    if (total > t.usable_bytes && failure != nullptr) {
-      failure->shortfall_bytes = total - t.usable_bytes;
-      failure->what =
-          cat(describe_stage(c, i, t), " with ", n, " layers needs ", format_bytes(total), " per device with ",
-              recompute_name(spec.recompute), " recomputation; it has ", format_bytes(t.usable_bytes),
-              " usable (short by ", format_bytes(failure->shortfall_bytes), ")");
-    }
-    if (!pick && options.require_fit) return std::nullopt;
+    const Recompute recompute = pick.value_or(choices.back());
     StagePlan st;
-    st.chip_index = t.chip;
-    st.chip = c.cluster().chips[static_cast<size_t>(t.chip)].name;
     st.tp = t.tp;
     st.dp = t.dp;
     st.first_layer = first;
     st.layers = n;
     st.embedding = t.embedding;
     st.head = t.head;
-    st.recompute = spec.recompute;
+    st.recompute = recompute;
     st.in_flight = t.in_flight;
-    st.forward_s = n * t.fwd_layer_s + t.extra_fwd_s;
-    st.backward_s = n * t.bwd_layer_s[static_cast<int>(spec.recompute)] + t.extra_bwd_s;
-    if (i + 1 < p) {
-      const StageTerms& next = terms[static_cast<size_t>(i + 1)];
-      st.send_s = c.transfer_s(t.chip, t.tp, next.chip, next.tp, next.rows);
+    // Each chip type of the stage (one, or the shares of a mixed stage): its time and memory. The stage's times
+    // are the slowest share's, its memory the share with the least headroom, its chip the share that bounds time.
+    const double params = static_cast<double>(stage_params({.shape = s,
+                                                            .embedding = t.embedding,
+                                                            .head = t.head,
+                                                            .layers = n,
+                                                            .tp = t.tp}));  // per device: a TP rank's shard
+    // The model's tensors on this stage (gpt.cc): 12 per block, wte and wpe, ln_f's two and its own wte.
+    const int tensors = 12 * n + (t.embedding ? 2 : 0) + (t.head ? (t.embedding ? 2 : 3) : 0);
+    double slowest = -1, headroom = kInf;
+    for (const StageTerms* share : t.members()) {
+      StageMemorySpec spec = share->spec;
+      spec.layers = n;
+      spec.recompute = recompute;
+      const StageMemory memory = c.stage_memory(spec);
+      // Interleaved: a micro-batch in flight holds one chunk's share of the stage's activations.
+      const double total = memory.state() + memory.buffers() + share->in_flight * memory.per_micro_batch() / v;
+      if (total > share->usable_bytes && failure != nullptr) {
+        failure->shortfall_bytes = total - share->usable_bytes;
+        failure->what =
+            cat(describe_stage(c, i, *share), " with ", n, " layers needs ", format_bytes(total), " per device with ",
+                recompute_name(recompute), " recomputation; it has ", format_bytes(share->usable_bytes),
+                " usable (short by ", format_bytes(failure->shortfall_bytes), ")");
+      }
+      ReplicaGroup g{.chip = c.cluster().chips[static_cast<size_t>(share->chip)].name,
+                     .chip_index = share->chip,
+                     .replicas = share->replicas,
+                     .rows = share->rows,
+                     .forward_s = n * share->fwd_layer_s + share->extra_fwd_s,
+                     .backward_s = n * share->bwd_layer_s[static_cast<int>(recompute)] + share->extra_bwd_s,
+                     .memory_bytes = total,
+                     .capacity_bytes = share->usable_bytes};
+      st.forward_s = std::max(st.forward_s, g.forward_s);
+      st.backward_s = std::max(st.backward_s, g.backward_s);
+      if (g.forward_s + g.backward_s > slowest) {
+        slowest = g.forward_s + g.backward_s;
+        st.chip = g.chip;
+        st.chip_index = g.chip_index;
+      }
+      if (1.0 - total / share->usable_bytes < headroom) {
+        headroom = 1.0 - total / share->usable_bytes;
+        st.state_bytes = memory.state();
+        st.activation_bytes = memory.per_micro_batch();
+        st.buffer_bytes = memory.buffers();
+        st.memory_bytes = total;
+        st.capacity_bytes = share->usable_bytes;
+      }
+      plan.fits = plan.fits && total <= share->usable_bytes;
+      st.optimizer_s = std::max(st.optimizer_s, c.optimizer_s(share->chip, t.dp, params, tensors));
+      if (i + 1 < p) {
+        for (const StageTerms* next : terms[static_cast<size_t>(i + 1)].members()) {
+          st.send_s = std::max(st.send_s, c.transfer_s(share->chip, t.tp, next->chip, next->tp, next->rows));
+        }
+      }
+      if (!t.shares.empty()) st.groups.push_back(g);
     }
-    const double params = static_cast<double>(stage_params(spec));  // per device: this TP rank's shard
-    st.dp_allreduce_s = c.dp_allreduce_s(t.chip, t.tp, t.dp, params);
+    if (!pick && options.require_fit) return std::nullopt;
+    std::vector<int> types;
+    for (const StageTerms* share : t.members()) types.push_back(share->chip);
+    st.dp_allreduce_s = c.dp_allreduce_s(types, t.tp, t.dp, params);
     if (p > 1 && s.tied_embeddings && (t.embedding || t.head)) {
       // Each rank exchanges its vocabulary rows with the other end's ranks that hold them.
       st.tied_allreduce_s =
           c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden) / t.tp);
     }
-    // The model's tensors on this stage (gpt.cc): 12 per block, wte and wpe, ln_f's two and its own wte.
-    const int tensors = 12 * n + (t.embedding ? 2 : 0) + (t.head ? (t.embedding ? 2 : 3) : 0);
-    st.optimizer_s = c.optimizer_s(t.chip, t.dp, params, tensors);
-    st.state_bytes = memory.state();
-    st.activation_bytes = memory.per_micro_batch();
-    st.buffer_bytes = memory.buffers();
-    st.memory_bytes = total;
-    st.capacity_bytes = t.usable_bytes;
-    plan.fits = plan.fits && st.memory_bytes <= st.capacity_bytes;
     const double e = st.forward_s + st.backward_s;
     sum_e += e;
     max_e = std::max(max_e, e);
@@ -288,9 +359,13 @@ void set_step(const CostModel& c, Plan& plan, const std::vector<double>& finish,
   plan.step_s = step;
   plan.tokens_per_s = static_cast<double>(plan.global_batch) * plan.shape.seq_len / step;
   double peak = 0, sum_e = 0;
+  const bool bf16 = c.train().precision == Precision::kBf16;
   for (const StagePlan& st : plan.stages) {
-    const ChipType& chip = c.cluster().chips[static_cast<size_t>(st.chip_index)];
-    peak += st.devices() * chip.peak_flops(c.train().precision == Precision::kBf16);
+    if (st.groups.empty())
+      peak += st.devices() * c.cluster().chips[static_cast<size_t>(st.chip_index)].peak_flops(bf16);
+    for (const ReplicaGroup& g : st.groups) {
+      peak += st.tp * g.replicas * c.cluster().chips[static_cast<size_t>(g.chip_index)].peak_flops(bf16);
+    }
     sum_e += st.forward_s + st.backward_s;
   }
   plan.mfu = c.step_model_flops() / (step * peak);
@@ -434,8 +509,18 @@ Layout layout_of(const Plan& plan, const Cluster& cluster) {
   l.micro_batch = plan.micro_batch;
   l.schedule = plan.schedule;
   l.chunks = plan.chunks;
-  for (const StagePlan& s : plan.stages) l.stages.push_back({cluster.chip_index(s.chip), s.tp, s.dp});
+  for (const StagePlan& s : plan.stages) {
+    Layout::Slot slot{cluster.chip_index(s.chip), s.tp, s.dp};
+    for (const ReplicaGroup& g : s.groups) slot.mix.push_back({cluster.chip_index(g.chip), g.replicas, g.rows});
+    if (!slot.mix.empty()) slot.chip = slot.mix.front().chip;
+    l.stages.push_back(slot);
+  }
   return l;
+}
+
+std::vector<Layout::Share> Layout::shares(size_t i) const {
+  if (!stages[i].mix.empty()) return stages[i].mix;
+  return {{stages[i].chip, stage_dp(i), dp * micro_batch / stage_dp(i)}};
 }
 
 namespace {
@@ -508,8 +593,9 @@ struct Search {
   // Work of one step divided by the used devices' full rate: no layout with these devices can be faster.
   double lower_bound(const Layout& l) const {
     double rate = 0;
-    for (size_t i = 0; i < l.stages.size(); ++i)
-      rate += l.stages[i].tp * l.stage_dp(i) * c.flops_rate(l.stages[i].chip);
+    for (size_t i = 0; i < l.stages.size(); ++i) {
+      for (const Layout::Share& s : l.shares(i)) rate += l.stages[i].tp * s.replicas * c.flops_rate(s.chip);
+    }
     return c.step_model_flops() / rate;
   }
 
@@ -531,7 +617,9 @@ struct Search {
   double layers_room(const Layout& l) const {
     double layers = 0;
     for (size_t i = 0; i < l.stages.size(); ++i) {
-      layers += l.stages[i].tp * c.usable_bytes(l.stages[i].chip) / layers_state_bytes(c, l.stage_dp(i));
+      double least = kInf;  // a mixed stage holds what its smallest chip type has room for
+      for (const Layout::Share& s : l.shares(i)) least = std::min(least, c.usable_bytes(s.chip));
+      layers += l.stages[i].tp * least / layers_state_bytes(c, l.stage_dp(i));
     }
     return layers * static_cast<double>(c.model().layers);
   }
@@ -542,10 +630,11 @@ struct Search {
     if (room < L) {
       ++pruned_memory;
       FitFailure f;
-      const double need = layers_state_bytes(c, l.dp);
-      f.what = cat("the layers' weights, gradients and optimizer state need ", format_bytes(need),
-                   " per pipeline but a layout of ", l.stages.size(), " stages holds ", format_bytes(need * room / L));
+      const double need = layers_state_bytes(c, l.stage_dp(0));
       f.shortfall_bytes = need * (1 - room / L);
+      f.what = cat("the layers' weights, gradients and optimizer state need ", format_bytes(need),
+                   " per pipeline but a layout of ", l.stages.size(), " stages holds ", format_bytes(need * room / L),
+                   " (short by ", format_bytes(f.shortfall_bytes), ")");
       std::lock_guard<std::mutex> lock(mu);
       if (closest.what.empty() || f.shortfall_bytes < closest.shortfall_bytes) closest = f;
       return;
@@ -664,6 +753,10 @@ struct Search {
     for (int round = 0; round < 16 && best; ++round) {
       const double before = best_step;
       const Layout best_layout = layout_of(*best, c.cluster());
+      if (std::any_of(best_layout.stages.begin(), best_layout.stages.end(),
+                      [](const Layout::Slot& s) { return !s.mix.empty(); })) {
+        return;  // mixed stages' shares are for their micro-batch; mixed() chose them
+      }
       for (int b : {best_layout.micro_batch, 2 * best_layout.micro_batch, best_layout.micro_batch / 2}) {
         if (std::find(sizes.begin(), sizes.end(), b) == sizes.end() ||
             c.train().global_batch % (int64_t{best_layout.dp} * b) != 0) {
@@ -718,6 +811,97 @@ struct Search {
       }
       first = end;
     }
+  }
+
+  // Stages whose replicas mix chip types, with uneven shares of a micro-batch (Metis, ATC'24; Zorse, Poplar): every
+  // stage holds the same part of each chosen type's devices at one TP degree, and a micro-batch's rows are
+  // apportioned over its replicas by their chip's speed (largest remainders, at least one row each; replicas of one
+  // type may so differ by a row, and form two groups). For every set of at least two types (beyond 5 types: the
+  // fastest 2, 3, ... of them), every TP they share, stage counts 1, 2, 4, ..., and micro-batches (dp of them,
+  // micro_batch 1) among the global batch's divisors from one row per replica to 16, each at least 1.5x the last.
+  void mixed() {
+    if (chips.size() < 2) return;
+    std::vector<int> by_speed = chips;  // fastest first
+    std::sort(by_speed.begin(), by_speed.end(), [&](int a, int b) { return c.flops_rate(a) > c.flops_rate(b); });
+    std::vector<std::vector<int>> sets;
+    const size_t k = by_speed.size();
+    if (k <= 5) {
+      for (unsigned mask = 1; mask < (1u << k); ++mask) {
+        std::vector<int> set;
+        for (size_t i = 0; i < k; ++i) {
+          if (mask & (1u << i)) set.push_back(by_speed[i]);
+        }
+        if (set.size() >= 2) sets.push_back(set);
+      }
+    } else {
+      for (size_t n = 2; n <= k; ++n)
+        sets.emplace_back(by_speed.begin(), by_speed.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+    const int64_t G = c.train().global_batch;
+    for (const std::vector<int>& set : sets) {
+      for (int tp : tp_options(c, set.front())) {
+        bool shared = true;
+        int most_stages = static_cast<int>(c.model().layers);
+        for (int chip : set) {
+          const std::vector<int> t = tp_options(c, chip);
+          shared = shared && std::find(t.begin(), t.end(), tp) != t.end();
+          most_stages = std::min(most_stages, c.cluster().devices_of(chip) / tp);
+        }
+        if (!shared) continue;
+        for (int stages = 1; stages <= most_stages; stages *= 2) {
+          std::vector<int> replicas;  // per type of the set
+          int64_t total = 0;
+          for (int chip : set) total += replicas.emplace_back(c.cluster().devices_of(chip) / (stages * tp));
+          double last = 0;
+          for (int64_t rows = total; rows <= std::min(16 * total, G); ++rows) {
+            if (G % rows != 0 || rows < 1.5 * last) continue;
+            last = static_cast<double>(rows);
+            if (monotonic_seconds() > deadline) {
+              out_of_time = true;
+              return;
+            }
+            const std::vector<Layout::Share> mix = apportion(set, replicas, rows);
+            if (mix.empty()) continue;
+            Layout l{static_cast<int>(rows), 1, {}};
+            l.stages.assign(static_cast<size_t>(stages),
+                            Layout::Slot{mix.front().chip, tp, static_cast<int>(total), mix});
+            consider(l);
+          }
+        }
+      }
+    }
+  }
+
+  // `rows` over the replicas of `set` (replicas[i] of type set[i]) in proportion to their chip's speed: each its
+  // quota's whole rows (at least one), the rest one each to the replicas of the largest remainders; as groups of
+  // one type and one share.
+  std::vector<Layout::Share> apportion(const std::vector<int>& set, const std::vector<int>& replicas,
+                                       int64_t rows) const {
+    double speed = 0;
+    for (size_t i = 0; i < set.size(); ++i) speed += replicas[i] * c.flops_rate(set[i]);
+    std::vector<int> base(set.size());
+    std::vector<std::pair<double, size_t>> remainders;  // per type, the fractional part of its quota
+    int64_t left = rows;
+    for (size_t i = 0; i < set.size(); ++i) {
+      const double quota = static_cast<double>(rows) * c.flops_rate(set[i]) / speed;
+      base[i] = std::max(1, static_cast<int>(std::floor(quota)));
+      left -= int64_t{base[i]} * replicas[i];
+      remainders.push_back({quota - std::floor(quota), i});
+    }
+    if (left < 0) return {};  // the one row each is more than the quotas leave
+    std::sort(remainders.begin(), remainders.end(), std::greater<>());
+    std::vector<Layout::Share> out;
+    std::vector<int> extra(set.size(), 0);  // replicas of each type that take one row more
+    for (const auto& [fraction, i] : remainders) {
+      extra[i] = static_cast<int>(std::min<int64_t>(left, replicas[i]));
+      left -= extra[i];
+    }
+    if (left > 0) return {};
+    for (size_t i = 0; i < set.size(); ++i) {
+      if (extra[i] > 0) out.push_back({set[i], extra[i], base[i] + 1});
+      if (replicas[i] > extra[i]) out.push_back({set[i], replicas[i] - extra[i], base[i]});
+    }
+    return out;
   }
 
   // Every order of the best layout's chip-type blocks (up to 6 types; beyond, neighbouring swaps).
@@ -811,6 +995,7 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     if (failed) std::rethrow_exception(failed);
     if (search.out_of_time) break;
   }
+  if (options.mixed_stages) search.mixed();
   search.refine();
   search.reshape();
   search.refine();

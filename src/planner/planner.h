@@ -28,6 +28,7 @@ struct PlannerOptions {
   double time_budget_s = 5.0;              // stop enumerating after this long and return the best plan found
   int threads = 0;                         // 0: one per core
   std::string finest_tier = "exhaustive";  // stop after this tier: "greedy", "coarse" or "exhaustive"
+  bool mixed_stages = true;                // also stages whose replicas are of several chip types (uneven shares)
 };
 
 struct SearchStats {
@@ -40,21 +41,31 @@ struct SearchStats {
   std::string tier;  // "exhaustive", "coarse" or "greedy"
 };
 
-// A resource layout: the pipeline's stages in order, each a chip type and a TP degree, replicated dp times.
 // A resource layout: the pipeline's stages in order, each a chip type, a TP degree and a DP degree (its replicas
 // share a micro-batch's dp x micro_batch sequences), and the schedule they run.
 struct Layout {
   int dp = 1;           // pipelines: a micro-batch is dp x micro_batch sequences over a stage's replicas
   int micro_batch = 1;  // sequences per micro-batch and pipeline
+  // Replicas of one chip type in a stage whose replicas mix types, each taking `rows` sequences of a micro-batch.
+  struct Share {
+    int chip = 0;
+    int replicas = 1;
+    int rows = 1;
+  };
   struct Slot {
     int chip = 0;
     int tp = 1;
     int dp = 0;  // this stage's replicas; 0: the layout's dp
+    // Replicas of several chip types with uneven shares (then chip is the first share's, dp their replicas and
+    // their rows x replicas add up to the micro-batch's dp x micro_batch); empty: dp replicas of chip.
+    std::vector<Share> mix = {};
   };
   std::vector<Slot> stages;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int chunks = 1;
   int stage_dp(size_t i) const { return stages[i].dp > 0 ? stages[i].dp : dp; }
+  // The stage's replicas by chip type: its mix, or one share of stage_dp(i) replicas of its chip.
+  std::vector<Share> shares(size_t i) const;
 };
 
 // Why a layout or a split did not give a plan.

@@ -25,6 +25,11 @@ std::string format_plan(const Plan& p) {
         format("%5zu %-6s %3d %4d %-12s %-9s %6d %10.3f %10.3f %9.3f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
                layers.c_str(), recompute_name(s.recompute), s.in_flight, s.forward_s * 1e3, s.backward_s * 1e3,
                s.send_s * 1e3, format_bytes(s.memory_bytes).c_str(), 100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
+    for (const ReplicaGroup& g : s.groups) {  // replicas of several chip types, with uneven shares
+      out += format("%5s %-6s %3s %4d %-12s %-9s %6s %10.3f %10.3f %9s %11s %7.0f%%\n", "", g.chip.c_str(), "",
+                    g.replicas, format("%d rows each", g.rows).c_str(), "", "", g.forward_s * 1e3, g.backward_s * 1e3,
+                    "", format_bytes(g.memory_bytes).c_str(), 100.0 * (1.0 - g.memory_bytes / g.capacity_bytes));
+    }
   }
   out += format("predicted: step %s | %.0f tokens/s | MFU %.1f%% | bubble %.1f%% | devices %d of %d%s\n",
                 format_seconds(p.step_s).c_str(), p.tokens_per_s, 100 * p.mfu, 100 * p.bubble_fraction, p.devices_used,
@@ -105,14 +110,20 @@ std::string explain_mix(const Baselines& b, const Plan& plan) {
   const auto role_of = [](const Plan& p, const std::string& chip) {
     Role r;
     for (const StagePlan& s : p.stages) {
-      if (s.chip != chip) continue;
+      // The stage's replicas of this type: all of them, or its group of that type in a mixed stage.
+      int replicas = s.groups.empty() && s.chip == chip ? s.dp : 0;
+      double memory = s.memory_bytes / s.capacity_bytes;
+      for (const ReplicaGroup& g : s.groups) {
+        if (g.chip == chip) replicas = g.replicas, memory = g.memory_bytes / g.capacity_bytes;
+      }
+      if (replicas == 0) continue;
       ++r.stages;
       r.layers += s.layers;
       r.recomputing += s.recompute != Recompute::kNone ? 1 : 0;
-      r.devices += s.tp * s.dp;
+      r.devices += s.tp * replicas;
       r.embedding = r.embedding || s.embedding;
       r.head = r.head || s.head;
-      r.memory = std::max(r.memory, s.memory_bytes / s.capacity_bytes);
+      r.memory = std::max(r.memory, memory);
     }
     return r;
   };

@@ -405,7 +405,7 @@ TEST_F(ClusterTraining, RanksStartedByMpirunRunAGivenPlan) {
   const Result local = run_h2(command() + " --set train.out_dir=" + dir_ + "/local");
   ASSERT_EQ(local.status, 0) << local.output;
   const std::string plan = dir_ + "/local/plan.json", out = dir_ + "/mpi";
-  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  const int port = testing_util::free_port();
   const auto rank = [&](int r) {
     return cat("OMPI_COMM_WORLD_RANK=", r, " OMPI_COMM_WORLD_SIZE=2 H2_MASTER_PORT=", port, " H2_JOB_TOKEN=cli-test ",
                H2_BINARY, " ", command(), " --plan ", plan, " --quiet --set train.out_dir=", out, " > ", dir_,
@@ -524,6 +524,55 @@ TEST_F(ClusterTraining, AShardTruncatedUnderTheRanksStopsThemAfterACheckpoint) {
 // A hand-written plan with tensor parallelism on one stage and data parallelism on the other (so activations
 // are resharded between them) trains; its checkpoint resumes under the planner's own plan and ends where a run
 // under that plan alone ends (the reference), since checkpoints and the data order do not depend on the plan.
+// One stage of both chips, the fast one taking 3 of a micro-batch's 4 rows and the slow one 1: each rank runs on its
+// own chip type, the loss is weighted by rows, and the run ends on the loss of the planner's own plan (the same
+// data and seed); the memory report names each rank's chip.
+TEST_F(ClusterTraining, AStageOfMixedChipTypesTakesUnevenRows) {
+  const Result full = run_h2(command() + " --set train.out_dir=" + dir_ + "/full");
+  ASSERT_EQ(full.status, 0) << full.output;
+  nlohmann::json plan = nlohmann::json::parse(read_file(dir_ + "/full/plan.json"));
+  plan["dp"] = 1;
+  plan["micro_batch"] = 4;
+  plan["num_micro_batches"] = 1;
+  nlohmann::json stage = plan["stages"][0];
+  stage.update({{"chip", "fast"}, {"tp", 1}, {"dp", 2}, {"first_layer", 0}, {"layers", 4}, {"head", true}});
+  stage["groups"] = nlohmann::json::parse(
+      R"([{"chip": "fast", "replicas": 1, "rows": 3, "forward_s": 0.001, "backward_s": 0.002, "memory_bytes": 1e6,
+           "capacity_bytes": 5e7},
+          {"chip": "slow", "replicas": 1, "rows": 1, "forward_s": 0.001, "backward_s": 0.002, "memory_bytes": 1e6,
+           "capacity_bytes": 1e9}])");
+  plan["stages"] = nlohmann::json::array({stage});
+  const std::string mixed_plan = dir_ + "/mixed_plan.json";
+  std::ofstream(mixed_plan) << plan.dump(2);
+  const Result mixed = run_h2(command() + " --plan " + mixed_plan + " --set train.out_dir=" + dir_ + "/mixed");
+  ASSERT_EQ(mixed.status, 0) << mixed.output;
+  EXPECT_THAT(mixed.output, HasSubstr("launching 2 ranks"));
+  EXPECT_THAT(mixed.output, HasSubstr("rank  0 (stage 0, fast)"));
+  EXPECT_THAT(mixed.output, HasSubstr("rank  1 (stage 0, slow)"));
+  const auto loss = [](const std::vector<std::string>& lines) {  // the last training step's
+    return nlohmann::json::parse(lines[lines.size() - 2])["loss"].get<double>();
+  };
+  const double want = loss(metric_lines(dir_ + "/full/metrics.jsonl"));
+  EXPECT_NEAR(loss(metric_lines(dir_ + "/mixed/metrics.jsonl")), want, 1e-4 * want);
+  // The fast chip's rank holds the activations of 3 rows, the slow one's of 1, as the memory formula says.
+  const nlohmann::json memory = nlohmann::json::parse(read_file(dir_ + "/mixed/summary.json"))["memory"];
+  ASSERT_EQ(memory.size(), 2u);
+  const auto activations = [&](int r, const char* which) {
+    return memory[static_cast<size_t>(r)]["terms"]["activations"][which].get<double>();
+  };
+  EXPECT_GT(activations(1, "measured"), 0);
+  EXPECT_NEAR(activations(0, "measured"), 3 * activations(1, "measured"), 1e-9 * activations(0, "measured"));
+  for (int r : {0, 1}) EXPECT_EQ(activations(r, "measured"), activations(r, "predicted")) << "rank " << r;
+  // Shares that do not add up to the micro-batch are refused before any rank starts, naming the field.
+  plan["stages"][0]["groups"][0]["rows"] = 2;
+  std::ofstream(mixed_plan) << plan.dump(2);
+  const Result bad = run_h2(command() + " --plan " + mixed_plan);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_THAT(bad.output, HasSubstr("field 'stages[0].groups': their 2 replicas take 3 sequences; the stage has dp 2 "
+                                    "and a micro-batch 4"));
+  EXPECT_THAT(bad.output, Not(HasSubstr("launching")));
+}
+
 TEST_F(ClusterTraining, ATensorParallelPlanResumesUnderAnotherPlan) {
   const Result full = run_h2(command() + " --set train.out_dir=" + dir_ + "/full");
   ASSERT_EQ(full.status, 0) << full.output;

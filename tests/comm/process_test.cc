@@ -28,8 +28,7 @@ struct RankResult {
 // up to 120 s for all of them and returns what each printed and how it ended.
 std::vector<RankResult> run_ranks(int n, const std::string& mode,
                                   const std::function<std::map<std::string, std::string>(int)>& env = nullptr) {
-  static int port = 31000 + static_cast<int>(::getpid() % 2000) * 8;
-  port += 1;
+  const int port = testing_util::free_port();
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   for (int r = 0; r < n; ++r) {

@@ -164,6 +164,18 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
   return run;
 }
 
+// One step's gradients, TP shards put together, against the unpipelined model's, per tensor within 1e-5 of its largest.
+void expect_same_grads(const Curve& ref, const Curve& got) {
+  ASSERT_EQ(got.first_grads.size(), ref.first_grads.size());
+  for (const auto& [name, g] : ref.first_grads) {
+    const auto& h = got.first_grads.at(name);
+    ASSERT_EQ(h.size(), g.size()) << name;
+    float scale = 0;
+    for (float x : g) scale = std::max(scale, std::abs(x));
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(h[i], g[i], 1e-5f * scale + 1e-9f) << name << "[" << i << "]";
+  }
+}
+
 void expect_same_curve(const Curve& ref, const Curve& got) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < ref.losses.size(); ++s) {
@@ -281,14 +293,7 @@ TEST(PipelineRuntime, VocabularyParallelEmbeddingAndHeadAtTp2AndTp4) {
                                .micro_batches = 2,
                                .config = config},
                               0.0);
-  ASSERT_EQ(got.first_grads.size(), ref_grads.first_grads.size());
-  for (const auto& [name, g] : ref_grads.first_grads) {
-    const auto& h = got.first_grads.at(name);
-    ASSERT_EQ(h.size(), g.size()) << name;
-    float scale = 0;
-    for (float x : g) scale = std::max(scale, std::abs(x));
-    for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(h[i], g[i], 1e-5f * scale + 1e-9f) << name << "[" << i << "]";
-  }
+  expect_same_grads(ref_grads, got);
 }
 
 // Partitioned pipeline sends (Megatron-LM's scatter-gather): at TP 2 -> TP 2 each sending rank sends half of a
@@ -311,6 +316,28 @@ TEST(PipelineRuntime, EachTensorParallelRankSendsItsShareOfABoundary) {
   EXPECT_EQ(mixed.p2p_bytes.at(2), half * total);
 }
 
+// Replicas on chips of different speed take uneven shares of a micro-batch's 4 rows (3 + 1, 1 + 2 + 1, 1 + 3):
+// the boundaries reshard row ranges of different sizes, the loss is weighted by each replica's rows, and the curve
+// and one step's gradients are the single-device ones (plain data parallelism and ZeRO-1).
+TEST(PipelineRuntime, ReplicasTakeUnevenSharesOfAMicroBatch) {
+  const Curve ref = reference(1.0);
+  const PipelineCase pc{.stages = {kFirst2, kLast2},
+                        .backends = {"cpu", "emu"},
+                        .shapes = {{2, 1, {3, 1}}, {3, 1, {1, 2, 1}}},
+                        .micro_batches = 2};
+  expect_same_curve(ref, pipelined(pc, 1.0));
+  expect_same_curve(ref, pipelined({.stages = {kFirst2, kLast2},
+                                    .backends = {"emu", "cpu"},
+                                    .shapes = {{1, 2}, {2, 2, {1, 3}}},
+                                    .micro_batches = 2,
+                                    .gpipe = true,
+                                    .zero1 = true},
+                                   1.0));
+  const Curve ref_grads = reference(0.0);
+  const Curve got = pipelined(pc, 0.0);
+  expect_same_grads(ref_grads, got);
+}
+
 TEST(PipelineRuntime, GradientsMatchTheUnpipelinedModel) {
   const Curve ref = reference(0.0);
   const Curve got = pipelined({.stages = {{true, 0, 1, false}, {false, 1, 4, true}},
@@ -318,14 +345,7 @@ TEST(PipelineRuntime, GradientsMatchTheUnpipelinedModel) {
                                .shapes = {{2, 2}, {1, 2}},
                                .micro_batches = 2},
                               0.0);
-  ASSERT_EQ(got.first_grads.size(), ref.first_grads.size());
-  for (const auto& [name, g] : ref.first_grads) {
-    const auto& h = got.first_grads.at(name);
-    ASSERT_EQ(h.size(), g.size()) << name;
-    float scale = 0;
-    for (float x : g) scale = std::max(scale, std::abs(x));
-    for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(h[i], g[i], 1e-5f * scale + 1e-9f) << name << "[" << i << "]";
-  }
+  expect_same_grads(ref, got);
 }
 
 }  // namespace

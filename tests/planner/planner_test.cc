@@ -288,6 +288,50 @@ TEST(Layout, FileErrorsNameTheFieldAndALayoutThatDoesNotFitSaysSo) {
   EXPECT_DOUBLE_EQ(inter.step_s, end_of_step(inter, replay_plan(inter).finish).step_s);
 }
 
+// A stage whose replicas mix chip types, written by hand: each group is costed on its own chip at its own rows (the
+// same figures as a stage of that type alone with those rows), the stage takes the slowest group's time, the plan
+// goes to JSON and back with its groups, and bad shares or too many devices are errors naming the field.
+TEST(Layout, StagesOfMixedChipTypesCostEachGroupOnItsChip) {
+  const CostModel costs(cluster_of(kSmallCluster), small_model(6), TrainSetup{.global_batch = 24});
+  const auto load = [&](const std::string& yaml) {
+    return load_layout(ConfigNode::parse_string(yaml, "layout.yaml"), costs);
+  };
+  const Plan mixed = cost_layout(costs, load("dp: 8\nstages:\n  - {tp: 1, layers: 6, recompute: full, mix: "
+                                             "[{chip: Y, replicas: 2, rows: 1}, {chip: Z, replicas: 2, rows: 3}]}\n"));
+  ASSERT_EQ(mixed.stages.size(), 1u);
+  const StagePlan& s = mixed.stages[0];
+  ASSERT_EQ(s.groups.size(), 2u);
+  EXPECT_EQ(s.dp, 4);
+  // Each group as the same stage of its type alone, at its rows (a micro-batch of dp x 1 rows over that many
+  // replicas), would be costed.
+  const Plan y = cost_layout(costs, load("dp: 2\nstages:\n  - {chip: Y, tp: 1, dp: 2, layers: 6, recompute: full}\n"));
+  const Plan z = cost_layout(costs, load("dp: 6\nstages:\n  - {chip: Z, tp: 1, dp: 2, layers: 6, recompute: full}\n"));
+  EXPECT_DOUBLE_EQ(s.groups[0].forward_s, y.stages[0].forward_s);
+  EXPECT_DOUBLE_EQ(s.groups[1].forward_s, z.stages[0].forward_s);
+  EXPECT_DOUBLE_EQ(s.groups[1].backward_s, z.stages[0].backward_s);
+  EXPECT_DOUBLE_EQ(s.forward_s, std::max(y.stages[0].forward_s, z.stages[0].forward_s));
+  EXPECT_EQ(s.chip, y.stages[0].forward_s > z.stages[0].forward_s ? "Y" : "Z");  // the group that bounds it
+  EXPECT_DOUBLE_EQ(s.groups[0].capacity_bytes, y.stages[0].capacity_bytes);
+  EXPECT_GT(s.groups[1].memory_bytes, s.groups[0].memory_bytes);  // 3 rows' activations, not 1
+  EXPECT_THAT(format_plan(mixed), HasSubstr("3 rows each"));
+  const Plan back = Plan::from_json(mixed.to_json(), "p.json");
+  EXPECT_EQ(back.to_json(), mixed.to_json());
+  EXPECT_DOUBLE_EQ(cost_layout(costs, layout_spec_of(back, costs)).step_s, mixed.step_s);
+  EXPECT_THAT(
+      error_of([&] { load("dp: 8\nstages:\n  - {tp: 1, layers: 6, mix: [{chip: Y, replicas: 2, rows: 1}]}\n"); },
+               ErrorCode::kConfig),
+      HasSubstr("field 'stages[0].mix': its 2 replicas take 2 sequences; a micro-batch is 8"));
+  EXPECT_THAT(error_of([&] { load("stages:\n  - {chip: Y, layers: 6, mix: [{chip: Y}]}\n"); }, ErrorCode::kConfig),
+              HasSubstr("a stage gives either chip (and dp) or mix, not both"));
+  EXPECT_THAT(error_of([&] { load("dp: 8\nstages:\n  - {layers: 6, mix: [{chip: Z, replicas: 4, rows: 2}]}\n"); },
+                       ErrorCode::kConfig),
+              HasSubstr("the stages use 4 devices of Z; the cluster has 2"));
+  Plan wrong = mixed;
+  wrong.stages[0].groups[1].chip = "TPU";
+  EXPECT_THAT(error_of([&] { check_plan_on_cluster(wrong, costs.cluster(), "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: stage 0 runs on chip type 'TPU'"));
+}
+
 TEST(Plan, JsonRoundTripAndVersion) {
   const CostModel costs(cluster_of(kSmallCluster), small_model(6), TrainSetup{.global_batch = 8});
   Plan plan = plan_training(costs, PlannerOptions{});
@@ -295,7 +339,7 @@ TEST(Plan, JsonRoundTripAndVersion) {
   const Plan back = Plan::from_json(plan.to_json(), "p.json");
   EXPECT_EQ(back.to_json(), plan.to_json());
   std::string text = plan.to_json();
-  text.replace(text.find("\"version\": 3"), 12, "\"version\": 9");
+  text.replace(text.find("\"version\": 4"), 12, "\"version\": 9");
   EXPECT_THAT(error_of([&] { Plan::from_json(text, "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: plan version 9"));
   EXPECT_THAT(error_of([&] { Plan::from_json("{\"format\": \"h2-plan\"}", "p.json"); }, ErrorCode::kConfig),
