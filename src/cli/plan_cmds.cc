@@ -6,6 +6,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "pipeline/hetero_train.h"
 #include "planner/catalog.h"
 #include "planner/layout.h"
 #include "planner/report.h"
@@ -18,7 +19,7 @@ namespace {
 struct PlanCmd {
   std::string cluster = "examples/cluster_hetero1024.yaml", model = "examples/model_100b.yaml",
               train = "examples/train_100b.yaml", out, baseline, layout;
-  bool compare = false;
+  bool compare = false, runnable = false;
   double budget = 5;
   int threads = 0;
 };
@@ -39,7 +40,9 @@ int run_plan(const PlanCmd& o) {
   const PlanningInputs in = load_planning_inputs(o.cluster, o.model, o.train);
   const CostModel costs(in.cluster, in.model, in.train);
   if (!o.layout.empty()) return run_layout(o, in, costs);
-  const PlannerOptions options{o.budget, o.threads};
+  PlannerOptions options = o.runnable ? runnable_plans() : PlannerOptions{};
+  options.time_budget_s = o.budget;
+  options.threads = o.threads;
   SearchStats stats;
   Plan plan = plan_training(costs, options, &stats);
   if (o.baseline == "uniform") {
@@ -132,6 +135,8 @@ void register_plan(CLI::App& app, Command& selected) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   pl->add_option("--search-threads", o->threads, "search threads (0: one per core)")->capture_default_str();
+  pl->add_flag("--runnable", o->runnable,
+               "only plans h2 train runs: 1F1B, without interleaved chunks (h2 train --cluster plans so itself)");
   pl->add_option("--layout", o->layout,
                  "cost this layout as given instead of searching (stages, TP, DP, layers, recomputation, "
                  "micro-batch, schedule; docs/planner.md)")

@@ -40,6 +40,10 @@ StageLayout stage_layout_of(const Plan& plan) {
 void check_plan_runs(const Plan& plan, const GptConfig& model) {
   const auto fail = [](const std::string& what) { throw Error(ErrorCode::kConfig, cat("plan: ", what)); };
   if (plan.stages.empty()) fail("has no stages");
+  if (plan.schedule != ScheduleKind::k1F1B) {
+    fail(cat("schedule ", schedule_name(plan.schedule), ": h2 train runs 1F1B only (each rank one range of blocks); ",
+             "plan with h2 plan --runnable"));
+  }
   if (plan.num_micro_batches < 1 || plan.global_batch % plan.num_micro_batches != 0) {
     fail(cat("global_batch ", plan.global_batch, " is not a whole number of num_micro_batches (",
              plan.num_micro_batches, ")"));
@@ -67,6 +71,8 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
   }
   if (next_layer != model.n_layer) fail(cat("the stages hold ", next_layer, " blocks; the model has ", model.n_layer));
 }
+
+PlannerOptions runnable_plans() { return PlannerOptions{.interleave = false}; }
 
 GptConfig gpt_config_of(const TransformerShape& shape) {
   GptConfig c{.n_layer = static_cast<int>(shape.layers),

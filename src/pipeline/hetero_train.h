@@ -20,6 +20,7 @@
 #include "comm/job.h"
 #include "pipeline/runtime.h"
 #include "planner/plan.h"
+#include "planner/planner.h"
 #include "planner/spec.h"
 #include "train/trainer.h"
 
@@ -38,8 +39,12 @@ StageLayout stage_layout_of(const Plan& plan);
 
 // Error(kConfig) naming the stage and field when the runtime cannot run `plan` on `model`: stages that do not
 // cover the blocks in order, the embedding not first or the head not last, a TP degree that does not divide
-// the heads, replicas that do not divide a micro-batch.
+// the heads, replicas that do not divide a micro-batch, a schedule other than 1F1B (each rank runs one range of
+// blocks: no interleaved chunks).
 void check_plan_runs(const Plan& plan, const GptConfig& model);
+
+// The search's options for plans this runtime runs: 1F1B, not interleaved.
+PlannerOptions runnable_plans();
 
 // The GPT configuration the planner's model file describes (layers, hidden, heads, vocab, seq_len).
 GptConfig gpt_config_of(const TransformerShape& shape);

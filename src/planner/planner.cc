@@ -64,8 +64,9 @@ struct StageTerms {
   static constexpr double kRoundingBytes = 4096;  // ZeRO-1's rounded-up shards
 };
 
-// A stage's embedding or head work and its memory terms, given its chip, TP, rows, replicas and place.
-void fill_memory(const CostModel& c, StageTerms& t) {
+// A stage's embedding or head work and its memory terms, given its chip, TP, rows, replicas and place; `chunks`:
+// interleaved, a micro-batch in flight holds one chunk's share of the stage's activations.
+void fill_memory(const CostModel& c, StageTerms& t, int chunks) {
   if (t.embedding) {
     t.extra_fwd_s += t.times->embedding_forward_s;
     t.extra_bwd_s += t.times->embedding_backward_s;
@@ -88,9 +89,12 @@ void fill_memory(const CostModel& c, StageTerms& t) {
     const StageMemory one = c.stage_memory(spec);
     spec.layers = 2;
     const StageMemory two = c.stage_memory(spec);
+    const auto total = [&](const StageMemory& m) {
+      return m.state() + m.buffers() + t.in_flight * m.per_micro_batch() / chunks;
+    };
     const int k = static_cast<int>(r);
-    t.per_layer_bytes[k] = two.total() - one.total();
-    t.fixed_bytes[k] = one.total() - t.per_layer_bytes[k];
+    t.per_layer_bytes[k] = total(two) - total(one);
+    t.fixed_bytes[k] = total(one) - t.per_layer_bytes[k];
     t.state_layer_bytes = two.state() - one.state();
   }
 }
@@ -134,7 +138,7 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
       t.in_flight = one_f_one_b ? std::min(p - i, m) : max_in_flight(schedule, i);
       t.embedding = i == 0;
       t.head = i == p - 1;
-      fill_memory(c, t);
+      fill_memory(c, t, layout.chunks);
     }
     if (shares.size() == 1) {
       out.push_back(shares.front());
@@ -434,11 +438,16 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     }
     return best;
   };
-  // Every stage must hold at least one layer.
+  // Every stage must hold at least one layer (interleaved: one per chunk).
+  const int least = layout.chunks;
+  if (int64_t{p} * least > L) {
+    if (failure) failure->what = cat(p, " stages of ", least, " chunks for ", L, " layers");
+    return std::nullopt;
+  }
   for (int i = 0; i < p; ++i) {
     const StageTerms& t = terms[static_cast<size_t>(i)];
-    if (t.cap(choices.back()) < 1) {
-      std::vector<int> one(static_cast<size_t>(p), 1);
+    if (t.cap(choices.back()) < least) {
+      std::vector<int> one(static_cast<size_t>(p), least);
       FitFailure f;
       score_split(c, layout, one, &f);
       if (failure) *failure = f;
@@ -466,7 +475,7 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     bool each = true;
     for (const StageTerms& t : terms) {
       const int64_t n = take(t, mid);
-      each = each && n >= 1;
+      each = each && n >= least;
       total += n;
     }
     (each && total >= L ? hi : lo) = mid;
@@ -483,7 +492,7 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     for (int i = 0; i < p; ++i) {
       const StageTerms& t = terms[static_cast<size_t>(i)];
       const double s = layers[static_cast<size_t>(i)] * t.layer_s(choices.front()) + t.extra_fwd_s + t.extra_bwd_s;
-      if (layers[static_cast<size_t>(i)] > 1 && s > worst_s) worst_s = s, worst = i;
+      if (layers[static_cast<size_t>(i)] > least && s > worst_s) worst_s = s, worst = i;
     }
     --layers[static_cast<size_t>(worst)];
     --total;
@@ -813,6 +822,27 @@ struct Search {
     }
   }
 
+  // Interleaved 1F1B (Narayanan et al. 2021): each of the best layouts found so far (the finalists, 1F1B) with 2, 3
+  // or 4 chunks per stage, where its micro-batches are a multiple of its stages; the layers are split again (each
+  // stage then needs at least `chunks` of them) and the schedule's replay scores it — more micro-batches in flight
+  // per stage for a bubble divided by the chunks.
+  void interleave() {
+    std::vector<Layout> layouts;
+    for (const Plan& p : finalists) layouts.push_back(layout_of(p, c.cluster()));
+    for (const Layout& base : layouts) {
+      const int64_t m = c.train().global_batch / (int64_t{base.dp} * base.micro_batch);
+      const int p = static_cast<int>(base.stages.size());
+      if (p < 2 || base.schedule != ScheduleKind::k1F1B || m % p != 0) continue;
+      for (int v : {2, 3, 4}) {
+        if (int64_t{p} * v > c.model().layers) break;
+        Layout l = base;
+        l.schedule = ScheduleKind::kInterleaved;
+        l.chunks = v;
+        consider(l);
+      }
+    }
+  }
+
   // Stages whose replicas mix chip types, with uneven shares of a micro-batch (Metis, ATC'24; Zorse, Poplar): every
   // stage holds the same part of each chosen type's devices at one TP degree, and a micro-batch's rows are
   // apportioned over its replicas by their chip's speed (largest remainders, at least one row each; replicas of one
@@ -999,6 +1029,7 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
   search.refine();
   search.reshape();
   search.refine();
+  if (options.interleave) search.interleave();
   if (stats != nullptr) {
     stats->layouts = search.layouts;
     stats->pruned_memory = search.pruned_memory;

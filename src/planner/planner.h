@@ -29,6 +29,7 @@ struct PlannerOptions {
   int threads = 0;                         // 0: one per core
   std::string finest_tier = "exhaustive";  // stop after this tier: "greedy", "coarse" or "exhaustive"
   bool mixed_stages = true;                // also stages whose replicas are of several chip types (uneven shares)
+  bool interleave = true;                  // also interleaved 1F1B (h2 train runs 1F1B only: it plans without)
 };
 
 struct SearchStats {

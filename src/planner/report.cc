@@ -10,8 +10,9 @@
 namespace h2 {
 std::string format_plan(const Plan& p) {
   std::string out =
-      format("plan: model '%s' on cluster '%s': %d pipeline(s) x %zu stages, micro-batch %d x %d per pipeline\n",
-             p.model.c_str(), p.cluster.c_str(), p.dp, p.stages.size(), p.micro_batch, p.num_micro_batches);
+      format("plan: model '%s' on cluster '%s': %d pipeline(s) x %zu stages, micro-batch %d x %d per pipeline, %s%s\n",
+             p.model.c_str(), p.cluster.c_str(), p.dp, p.stages.size(), p.micro_batch, p.num_micro_batches,
+             schedule_name(p.schedule), p.chunks > 1 ? format(" (%d chunks per stage)", p.chunks).c_str() : "");
   out += format("%5s %-6s %3s %4s %-12s %-9s %6s %10s %10s %9s %11s %8s\n", "stage", "chip", "tp", "dp", "layers",
                 "recompute", "flight", "fwd ms", "bwd ms", "send ms", "mem/device", "headroom");
   for (size_t i = 0; i < p.stages.size(); ++i) {

@@ -58,6 +58,11 @@ TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
   plan.stages[0].embedding = false;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
               HasSubstr("stage 0 (fast): only the first stage may hold the embedding"));
+  plan.stages[0].embedding = true;
+  plan.schedule = ScheduleKind::kInterleaved;
+  plan.chunks = 2;
+  EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
+              HasSubstr("schedule interleaved: h2 train runs 1F1B only"));
 }
 
 }  // namespace
