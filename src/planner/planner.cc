@@ -425,11 +425,21 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
   const std::vector<Recompute> choices = allowed(c);
   const int64_t L = c.model().layers;
   const int p = static_cast<int>(terms.size());
-  if (p > L) {
-    if (failure) failure->what = cat(p, " stages for ", L, " layers");
+  // Every stage must hold at least one layer (interleaved: one per chunk); a vocabulary-only stage none.
+  std::vector<int> least(static_cast<size_t>(p), layout.chunks);
+  int64_t needed = 0;
+  for (int i = 0; i < p; ++i) {
+    if (layout.stages[static_cast<size_t>(i)].vocabulary_only) least[static_cast<size_t>(i)] = 0;
+    needed += least[static_cast<size_t>(i)];
+  }
+  if (needed > L) {
+    if (failure) failure->what = cat(p, " stages of ", layout.chunks, " chunks for ", L, " layers");
     return std::nullopt;
   }
-  auto take = [&](const StageTerms& t, double bound) {
+  // The layers stage i takes within `bound`: -1 when its own extra work (embedding, head) alone exceeds it.
+  auto take = [&](int i, double bound) -> int64_t {
+    const StageTerms& t = terms[static_cast<size_t>(i)];
+    if (least[static_cast<size_t>(i)] == 0) return bound + 1e-12 >= t.extra_fwd_s + t.extra_bwd_s ? 0 : -1;
     int64_t best = 0;
     for (Recompute r : choices) {
       const int64_t by_time =
@@ -438,27 +448,22 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     }
     return best;
   };
-  // Every stage must hold at least one layer (interleaved: one per chunk).
-  const int least = layout.chunks;
-  if (int64_t{p} * least > L) {
-    if (failure) failure->what = cat(p, " stages of ", least, " chunks for ", L, " layers");
-    return std::nullopt;
-  }
   for (int i = 0; i < p; ++i) {
     const StageTerms& t = terms[static_cast<size_t>(i)];
-    if (t.cap(choices.back()) < least) {
-      std::vector<int> one(static_cast<size_t>(p), least);
+    if (t.cap(choices.back()) < least[static_cast<size_t>(i)]) {
       FitFailure f;
-      score_split(c, layout, one, &f);
+      score_split(c, layout, least, &f);
       if (failure) *failure = f;
       return std::nullopt;
     }
   }
   int64_t capacity = 0;
   double hi = 0;
-  for (const StageTerms& t : terms) {
-    capacity += t.cap(choices.back());
-    hi = std::max(hi, t.extra_fwd_s + t.extra_bwd_s + L * t.layer_s(choices.back()));
+  for (int i = 0; i < p; ++i) {
+    const StageTerms& t = terms[static_cast<size_t>(i)];
+    if (least[static_cast<size_t>(i)] > 0) capacity += t.cap(choices.back());
+    hi = std::max(
+        hi, t.extra_fwd_s + t.extra_bwd_s + (least[static_cast<size_t>(i)] > 0 ? L : 0) * t.layer_s(choices.back()));
   }
   if (capacity < L) {
     if (failure) {
@@ -473,9 +478,9 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     const double mid = 0.5 * (lo + hi);
     int64_t total = 0;
     bool each = true;
-    for (const StageTerms& t : terms) {
-      const int64_t n = take(t, mid);
-      each = each && n >= least;
+    for (int i = 0; i < p; ++i) {
+      const int64_t n = take(i, mid);
+      each = each && n >= least[static_cast<size_t>(i)];
       total += n;
     }
     (each && total >= L ? hi : lo) = mid;
@@ -483,8 +488,7 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
   Split split{std::vector<int>(static_cast<size_t>(p)), hi};
   std::vector<int>& layers = split.layers;
   int64_t total = 0;
-  for (int i = 0; i < p; ++i)
-    total += layers[static_cast<size_t>(i)] = static_cast<int>(take(terms[static_cast<size_t>(i)], hi));
+  for (int i = 0; i < p; ++i) total += layers[static_cast<size_t>(i)] = static_cast<int>(take(i, hi));
   // Give back the surplus from the stages whose time is highest, which also shortens fill and drain.
   while (total > L) {
     int worst = -1;
@@ -492,7 +496,7 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     for (int i = 0; i < p; ++i) {
       const StageTerms& t = terms[static_cast<size_t>(i)];
       const double s = layers[static_cast<size_t>(i)] * t.layer_s(choices.front()) + t.extra_fwd_s + t.extra_bwd_s;
-      if (layers[static_cast<size_t>(i)] > least && s > worst_s) worst_s = s, worst = i;
+      if (layers[static_cast<size_t>(i)] > least[static_cast<size_t>(i)] && s > worst_s) worst_s = s, worst = i;
     }
     --layers[static_cast<size_t>(worst)];
     --total;
@@ -521,6 +525,7 @@ Layout layout_of(const Plan& plan, const Cluster& cluster) {
   for (const StagePlan& s : plan.stages) {
     Layout::Slot slot{cluster.chip_index(s.chip), s.tp, s.dp};
     for (const ReplicaGroup& g : s.groups) slot.mix.push_back({cluster.chip_index(g.chip), g.replicas, g.rows});
+    slot.vocabulary_only = s.layers == 0 && s.embedding != s.head;
     if (!slot.mix.empty()) slot.chip = slot.mix.front().chip;
     l.stages.push_back(slot);
   }
@@ -822,6 +827,51 @@ struct Search {
     }
   }
 
+  // The vocabulary as its own part: a first stage holding only the embedding, or a last stage only the head and
+  // loss, sharded over its TP ranks. Each of the best layouts (the finalists) of two or more stages with its first
+  // or its last stage so, and the best layout with such a stage added on devices it leaves idle — any chip type
+  // with idle devices, any of its TP degrees and replicas 1, 2, 4, ... that divide a micro-batch's rows. Where the
+  // embedding or head bounds its stage's memory or time (a large vocabulary beside few layers), the stages of
+  // layers take more layers or recompute less.
+  void vocabulary() {
+    std::vector<Layout> layouts;
+    for (const Plan& p : finalists) layouts.push_back(layout_of(p, c.cluster()));
+    for (const Layout& l : layouts) {
+      if (l.stages.size() < 2 || l.schedule != ScheduleKind::k1F1B ||
+          std::any_of(l.stages.begin(), l.stages.end(), [](const Layout::Slot& s) { return s.vocabulary_only; })) {
+        continue;
+      }
+      Layout head = l, embedding = l;
+      head.stages.back().vocabulary_only = true;
+      embedding.stages.front().vocabulary_only = true;
+      consider(head);
+      consider(embedding);
+    }
+    if (!best) return;
+    const Layout base = layout_of(*best, c.cluster());
+    if (base.schedule != ScheduleKind::k1F1B) return;
+    std::vector<int> idle(c.cluster().chips.size());
+    for (size_t k = 0; k < idle.size(); ++k) idle[k] = c.cluster().devices_of(static_cast<int>(k));
+    for (size_t i = 0; i < base.stages.size(); ++i) {
+      if (base.stages[i].vocabulary_only) return;  // already apart
+      for (const Layout::Share& s : base.shares(i)) idle[static_cast<size_t>(s.chip)] -= base.stages[i].tp * s.replicas;
+    }
+    const int rows = base.dp * base.micro_batch;
+    for (int chip : chips) {
+      for (int tp : tp_options(c, chip)) {
+        for (int d = 1; tp * d <= idle[static_cast<size_t>(chip)] && d <= rows; d *= 2) {
+          if (rows % d != 0) continue;
+          const Layout::Slot apart{chip, tp, d == base.dp ? 0 : d, {}, true};
+          Layout head = base, embedding = base;
+          head.stages.push_back(apart);
+          embedding.stages.insert(embedding.stages.begin(), apart);
+          consider(head);
+          consider(embedding);
+        }
+      }
+    }
+  }
+
   // Interleaved 1F1B (Narayanan et al. 2021): each of the best layouts found so far (the finalists, 1F1B) with 2, 3
   // or 4 chunks per stage, where its micro-batches are a multiple of its stages; the layers are split again (each
   // stage then needs at least `chunks` of them) and the schedule's replay scores it — more micro-batches in flight
@@ -832,7 +882,9 @@ struct Search {
     for (const Layout& base : layouts) {
       const int64_t m = c.train().global_batch / (int64_t{base.dp} * base.micro_batch);
       const int p = static_cast<int>(base.stages.size());
-      if (p < 2 || base.schedule != ScheduleKind::k1F1B || m % p != 0) continue;
+      const bool apart =
+          std::any_of(base.stages.begin(), base.stages.end(), [](const Layout::Slot& s) { return s.vocabulary_only; });
+      if (p < 2 || apart || base.schedule != ScheduleKind::k1F1B || m % p != 0) continue;
       for (int v : {2, 3, 4}) {
         if (int64_t{p} * v > c.model().layers) break;
         Layout l = base;
@@ -1029,6 +1081,7 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
   search.refine();
   search.reshape();
   search.refine();
+  search.vocabulary();
   if (options.interleave) search.interleave();
   if (stats != nullptr) {
     stats->layouts = search.layouts;

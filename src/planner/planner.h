@@ -60,6 +60,9 @@ struct Layout {
     // Replicas of several chip types with uneven shares (then chip is the first share's, dp their replicas and
     // their rows x replicas add up to the micro-batch's dp x micro_batch); empty: dp replicas of chip.
     std::vector<Share> mix = {};
+    // The vocabulary as its own part: the first stage holds only the embedding, or the last only the head (and
+    // loss), no layers, sharded over its TP ranks (vocabulary-parallel) on chips of its own.
+    bool vocabulary_only = false;
   };
   std::vector<Slot> stages;
   ScheduleKind schedule = ScheduleKind::k1F1B;

@@ -316,6 +316,22 @@ TEST(PipelineRuntime, EachTensorParallelRankSendsItsShareOfABoundary) {
   EXPECT_EQ(mixed.p2p_bytes.at(2), half * total);
 }
 
+// The vocabulary as its own part: a first stage holding only the embedding (TP 2), or a last stage only the head
+// and loss (TP 2, its vocabulary sharded), the layers elsewhere — the single-device curve.
+TEST(PipelineRuntime, TheEmbeddingOrTheHeadAloneOnAStage) {
+  const Curve ref = reference(1.0);
+  expect_same_curve(ref, pipelined({.stages = {{true, 0, 4, false}, {false, 4, 4, true}},
+                                    .backends = {"cpu", "emu"},
+                                    .shapes = {{2, 1}, {1, 2}},
+                                    .micro_batches = 2},
+                                   1.0));
+  expect_same_curve(ref, pipelined({.stages = {{true, 0, 0, false}, {false, 0, 2, false}, {false, 2, 4, true}},
+                                    .backends = {"emu", "cpu", "ref"},
+                                    .shapes = {{1, 2}, {1, 1}, {2, 1}},
+                                    .micro_batches = 2},
+                                   1.0));
+}
+
 // Replicas on chips of different speed take uneven shares of a micro-batch's 4 rows (3 + 1, 1 + 2 + 1, 1 + 3):
 // the boundaries reshard row ranges of different sizes, the loss is weighted by each replica's rows, and the curve
 // and one step's gradients are the single-device ones (plain data parallelism and ZeRO-1).

@@ -9,6 +9,7 @@
 
 #include "planner/fixtures.h"
 #include "planner/planner.h"
+#include "planner/report.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -112,7 +113,7 @@ TEST(Plan, EveryFittingPlanFitsInTheSimulator) {
 // The reference: every layout (all DP widths, micro-batches, TP and stage counts per type, orders) and every
 // split of the layers into stages, each costed by the cost model and timed by the simulator's replay — not by the
 // planner's own closed form, which the search uses to rank.
-double exhaustive_best(const CostModel& costs, int most_chunks = 1) {
+double exhaustive_best(const CostModel& costs, int most_chunks = 1, bool vocabulary_apart = false) {
   double best = INFINITY;
   const Cluster& c = costs.cluster();
   const int L = static_cast<int>(costs.model().layers);
@@ -155,13 +156,15 @@ double exhaustive_best(const CostModel& costs, int most_chunks = 1) {
               const Option& o = per_type[static_cast<size_t>(k)][pick[static_cast<size_t>(k)]];
               for (int s = 0; s < o.stages; ++s) l.stages.push_back({k, o.tp, o.dp});
             }
-            // Every composition of L into `stages` positive parts.
-            std::vector<int> split(static_cast<size_t>(stages));
+            // Every composition of L into `stages` positive parts; with vocabulary_apart also those whose first or
+            // last part is empty, that stage holding only the embedding or the head.
+            std::vector<int> split(static_cast<size_t>(stages)), fewest(static_cast<size_t>(stages), 1),
+                most(static_cast<size_t>(stages), L);
+            const int64_t m = costs.train().global_batch / (int64_t{dp} * b);
             std::function<void(int, int)> compose = [&](int i, int left) {
-              if (i == stages - 1) {
-                split[static_cast<size_t>(i)] = left;
+              if (i == stages) {
+                if (left != 0) return;
                 // 1F1B, and interleaved with 2..most_chunks chunks where the schedule can run.
-                const int64_t m = costs.train().global_batch / (int64_t{dp} * b);
                 for (int v = 1; v <= most_chunks; ++v) {
                   if (v > 1 && (m % stages != 0 || *std::min_element(split.begin(), split.end()) < v)) continue;
                   l.schedule = v > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
@@ -170,12 +173,22 @@ double exhaustive_best(const CostModel& costs, int most_chunks = 1) {
                 }
                 return;
               }
-              for (int n = 1; n <= left - (stages - 1 - i); ++n) {
+              int later = 0;  // the fewest layers the stages after i take
+              for (int j = i + 1; j < stages; ++j) later += fewest[static_cast<size_t>(j)];
+              for (int n = fewest[static_cast<size_t>(i)]; n <= std::min(left - later, most[static_cast<size_t>(i)]);
+                   ++n) {
                 split[static_cast<size_t>(i)] = n;
                 compose(i + 1, left - n);
               }
             };
             compose(0, L);
+            for (int end : {0, stages - 1}) {
+              if (!vocabulary_apart || stages < 2) break;
+              fewest[static_cast<size_t>(end)] = most[static_cast<size_t>(end)] = 0;
+              compose(0, L);
+              fewest[static_cast<size_t>(end)] = 1;
+              most[static_cast<size_t>(end)] = L;
+            }
           } while (std::next_permutation(used.begin(), used.end()));
         }
         size_t k = 0;
@@ -259,6 +272,36 @@ groups:
                reference = exhaustive_best(costs, 4);
   EXPECT_NEAR(plan.step_s / simulated, 1.0, 1e-9);
   EXPECT_LT(simulated, one_f_one_b * 0.97) << "1F1B's best " << one_f_one_b << " s";
+  EXPECT_LE(simulated, reference * 1.01) << "search " << simulated << " s, optimum " << reference;
+  EXPECT_GE(simulated, reference * (1 - 1e-9));
+}
+
+// A vocabulary of 256,000 beside 4 layers: the head is the work of about ten layers. Two 6 GiB chips hold the
+// layers and the embedding (with full recomputation) and two 8 GiB chips only the head, sharded over TP 2 — faster
+// than any split in which every stage holds layers, and within 1 % of a brute force over every layout and split,
+// the first or the last stage also holding only the embedding or the head (stages of one chip type each).
+TEST(Search, PutsALargeVocabularyOnChipsOfItsOwn) {
+  const Cluster c = cluster_of(R"(
+chips:
+  - {name: X, peak_tflops: 40, memory_gib: 8, memory_bandwidth_gbps: 800}
+  - {name: Y, peak_tflops: 40, memory_gib: 6, memory_bandwidth_gbps: 400}
+groups:
+  - {chip: X, nodes: 1, chips_per_node: 2, intra_node_gbps: 50, nic_gbps: 10}
+  - {chip: Y, nodes: 1, chips_per_node: 2, intra_node_gbps: 50, nic_gbps: 10}
+links:
+  - {between: [X, Y], bandwidth_gbps: 10, latency_us: 10}
+)");
+  TransformerShape model = small_model(4);
+  model.vocab = 256000;
+  const CostModel costs(c, model, TrainSetup{.global_batch = 16, .micro_batches = {1, 2}, .max_tp = 2});
+  const Plan plan = plan_training(costs, PlannerOptions{.mixed_stages = false});
+  ASSERT_GE(plan.stages.size(), 2u);
+  const StagePlan& last = plan.stages.back();
+  EXPECT_TRUE(last.head && last.layers == 0) << format_plan(plan);
+  EXPECT_EQ(last.chip, "X");
+  const double simulated = simulate(plan).step_s, layered = exhaustive_best(costs),
+               reference = exhaustive_best(costs, 1, true);
+  EXPECT_LT(simulated, layered * 0.95) << "every stage with layers: " << layered << " s";
   EXPECT_LE(simulated, reference * 1.01) << "search " << simulated << " s, optimum " << reference;
   EXPECT_GE(simulated, reference * (1 - 1e-9));
 }
