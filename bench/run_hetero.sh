@@ -1,55 +1,73 @@
 #!/bin/bash
 # HeteroPP on the built-in emulated cluster, measured: the HeteroAuto plan, the uniform layer split of the same
 # devices, and each chip type alone, each trained for a few steps by `h2 train --cluster --plan`, against what
-# the simulator predicts for the same plan. Writes docs/pipeline_bench.md.
+# the simulator predicts for the same plan. ROUNDS (default 3) alternating rounds of all four, so that the host's
+# load falls on each alike; the table gives each figure's mean and min-max. Writes docs/pipeline_bench.md.
 # Needs the sample data (scripts/setup.sh fetches it). STEPS (default 12) sets the steps per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=runs/bench_hetero
 steps=${STEPS:-12}
+rounds=${ROUNDS:-3}
 rm -rf "$out" && mkdir -p "$out"
 model=examples/model_small.yaml setup=examples/train_local.yaml cluster=examples/cluster_local.yaml
 build/h2 profile --cluster $cluster --model $model --out $out/cluster.yaml
-rows=()
+runs=()
 for run in plan uniform fast slow; do
   baseline=()
   [ $run = plan ] || baseline=(--baseline $run)
-  if ! build/h2 plan --cluster $out/cluster.yaml --model $model --train $setup "${baseline[@]}" --out $out/$run.json \
-    > $out/$run.plan.txt 2>&1; then
+  if build/h2 plan --runnable --cluster $out/cluster.yaml --model $model --train $setup "${baseline[@]}" \
+    --out $out/$run.json > $out/$run.plan.txt 2>&1; then
+    runs+=("$run")
+  else
     echo "$run: does not fit: $(grep -o 'error: .*' $out/$run.plan.txt | head -1)"
-    rows+=("$run|does not fit")
-    continue
   fi
-  build/h2 train --config examples/train_cluster.yaml --cluster $cluster --model $model --train $setup \
-    --plan $out/$run.json --set train.steps="$steps" --set train.out_dir=$out/$run --quiet 2>&1 | grep -v "h2 warn"
-  rows+=("$run|$out/$run")
 done
-python3 - "$out" "$steps" "${rows[@]}" > docs/pipeline_bench.md.tmp << 'PY'
+for round in $(seq 1 "$rounds"); do
+  for run in "${runs[@]}"; do
+    echo "round $round/$rounds: $run"
+    build/h2 train --config examples/train_cluster.yaml --cluster $cluster --model $model --train $setup \
+      --plan $out/$run.json --set train.steps="$steps" --set train.out_dir=$out/$run.$round --quiet 2>&1 |
+      grep -v "h2 warn"
+  done
+done
+python3 - "$out" "$steps" "$rounds" "${runs[@]}" > docs/pipeline_bench.md.tmp << 'PY'
 import json, sys
-out, steps, rows = sys.argv[1], sys.argv[2], sys.argv[3:]
-print(f"Measured by bench/run_hetero.sh: {steps} steps per run (step time = mean after 2 warm-up steps), on the")
-print("cluster examples/cluster_local.yaml as profiled by h2 profile (runs/bench_hetero/cluster.yaml).\n")
-print("| run | devices | stages (chip: layers) | measured tokens/s | simulated tokens/s | measured step s | simulated step s | measured / simulated |")
-print("|---|---|---|---|---|---|---|---|")
-measured = {}
-for row in rows:
-    name, where = row.split("|")
-    if where == "does not fit":
-        print(f"| {name} | | | does not fit | | | | |")
+out, steps, rounds, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+def spread(xs, f="{:.0f}"):
+    return f"{f.format(sum(xs) / len(xs))} ({f.format(min(xs))}–{f.format(max(xs))})"
+print(f"Measured by bench/run_hetero.sh: {rounds} alternating rounds of {steps} steps per run (step time = mean after")
+print("2 warm-up steps), on the cluster examples/cluster_local.yaml as profiled by h2 profile")
+print("(runs/bench_hetero/cluster.yaml); each figure the mean over the rounds, (min–max).\n")
+print("| run | devices | stages (chip: layers) | measured tokens/s | simulated tokens/s | measured / simulated |")
+print("|---|---|---|---|---|---|")
+tokens = {}
+for name in ("plan", "uniform", "fast", "slow"):
+    if name not in runs:
+        print(f"| {name} alone | | | does not fit | | |" if name in ("fast", "slow") else f"| {name} | | | does not fit | | |")
         continue
-    plan = json.load(open(f"{where}/plan.json"))
-    s = json.load(open(f"{where}/summary.json"))
-    stages = ", ".join(f"{st['chip']}: {st['layers']}" + ("+E" if st['embedding'] else "") + ("+H" if st['head'] else "") for st in plan["stages"])
-    tok = s["measured_tokens_per_s"]; measured[name] = tok
-    sim_tok = plan["global_batch"] * plan["model"]["seq_len"] / s["simulated_step_s"]
-    print(f"| {name} | {plan['prediction']['devices_used']} | {stages} x DP {plan['dp']} | {tok:.0f} | {sim_tok:.0f} | {s['measured_step_s']:.3f} | {s['simulated_step_s']:.3f} | {s['measured_over_simulated']:.2f} |")
-alone = sum(measured.get(k, 0) for k in ("fast", "slow"))
+    plan = json.load(open(f"{out}/{name}.json"))
+    summaries = [json.load(open(f"{out}/{name}.{r}/summary.json")) for r in range(1, rounds + 1)]
+    def stage(st):
+        what = f"{st['chip']}: {st['layers']}" + ("+E" if st['embedding'] else "") + ("+H" if st['head'] else "")
+        return what + "".join(f" [{g['chip']} x{g['replicas']}: {g['rows']} rows]" for g in st.get("groups", []))
+    stages = ", ".join(stage(st) for st in plan["stages"])
+    tokens[name] = [s["measured_tokens_per_s"] for s in summaries]
+    sim_tok = plan["global_batch"] * plan["model"]["seq_len"] / summaries[0]["simulated_step_s"]
+    ratio = [s["measured_over_simulated"] for s in summaries]
+    label = name if name in ("plan", "uniform") else f"{name} alone"
+    print(f"| {label} | {plan['prediction']['devices_used']} | {stages} | {spread(tokens[name])} | {sim_tok:.0f} | "
+          f"{spread(ratio, '{:.2f}')} |")
 print()
-if "uniform" in measured:
-    print(f"HeteroAuto plan / uniform split, measured: {measured['plan'] / measured['uniform']:.2f}x.  ")
-if alone > 0:
-    print(f"Heterogeneous speed-up ratio, measured: {measured['plan']:.0f} / {alone:.0f} = {measured['plan'] / alone:.2f} "
-          "(mixed throughput / sum of each chip type alone; a type that cannot hold the model counts 0).")
+rounds_of = lambda f: [f(r) for r in range(rounds)]
+if "uniform" in tokens:
+    print(f"HeteroAuto plan / uniform split, measured (per round): "
+          f"{spread(rounds_of(lambda r: tokens['plan'][r] / tokens['uniform'][r]), '{:.2f}')}x.  ")
+alone = rounds_of(lambda r: sum(tokens[k][r] for k in ("fast", "slow") if k in tokens))
+if all(a > 0 for a in alone):
+    print(f"Heterogeneous speed-up ratio, measured (per round): "
+          f"{spread(rounds_of(lambda r: tokens['plan'][r] / alone[r]), '{:.2f}')} (mixed throughput / sum of each "
+          "chip type alone; a type that cannot hold the model counts 0).")
 PY
 mv docs/pipeline_bench.md.tmp docs/pipeline_bench.md
 cat docs/pipeline_bench.md

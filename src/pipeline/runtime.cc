@@ -105,7 +105,11 @@ StageComms StageComms::split(Communicator& world, const StageLayout& layout) {
   Communicator all = world.split(0, rank);
   Communicator dp = world.split(layout.rank_of(p.stage, 0, p.t), p.replica);
   Communicator tp = world.split(layout.rank_of(p.stage, p.replica, 0), p.t);
-  return StageComms{std::move(all), std::move(dp), std::move(tp)};
+  const int last = layout.num_stages() - 1;
+  const StageShape &a = layout.stages.front(), &z = layout.stages.back();
+  const bool paired = last > 0 && (p.stage == 0 || p.stage == last) && a.dp == z.dp && a.tp == z.tp;
+  Communicator tied = world.split(paired ? layout.rank_of(0, p.replica, p.t) : layout.world_size() + rank, p.stage);
+  return StageComms{std::move(all), std::move(dp), std::move(tp), std::move(tied)};
 }
 
 TiedExchange tied_exchange(const StageLayout& layout, int64_t vocab, int rank, bool summed_over_replicas) {
@@ -398,7 +402,7 @@ void StageRunner::reduce_gradients() {
 }
 
 // Each rank sends its rows of wte's gradient to the other end's ranks that hold them (tied_exchange) and adds
-// what it receives. Through host memory, all sends and receives posted before any wait: no device memory beyond
+// what it receives (or, the ends alike, sums them with its counterpart in an all-reduce). Through host memory, all sends and receives posted before any wait: no device memory beyond
 // the stage's own, and no order in which two ranks wait for each other.
 void StageRunner::reduce_tied_embedding() {
   if (tied_.send.empty() && tied_.recv.empty()) return;
@@ -407,6 +411,12 @@ void StageRunner::reduce_tied_embedding() {
     if (p.name == "wte.weight") wte = &p;
   }
   H2_CHECK(wte != nullptr) << "an end of the pipeline without the tied embedding";
+  // The ends alike (same DP and TP): each rank and its counterpart hold the same rows and sum them in one
+  // all-reduce (on one host, through shared memory), rather than point-to-point messages through host copies.
+  if (comms_.tied.size() == 2) {
+    TensorComm(comms_.tied).all_reduce(wte->grad, ReduceOp::kSum);
+    return;
+  }
   const int64_t C = config_.n_embd, first = model_->vocab().first;
   std::vector<float> own(static_cast<size_t>(wte->grad.numel()));
   copy_to_host(own.data(), wte->grad);

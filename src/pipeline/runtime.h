@@ -84,6 +84,10 @@ struct StageComms {
   Communicator all;  // every rank (a copy of the world): pipeline sends, the tied embedding's rows, norm, loss
   Communicator dp;   // this stage's replicas with this TP rank, rank = replica
   Communicator tp;   // this replica's TP ranks, rank = TP rank
+  // When the first and the last stage have the same DP and TP: this rank and its counterpart at the other end
+  // (same replica and TP rank, so the same vocabulary rows), whose tied embedding gradients one all-reduce sums;
+  // otherwise this rank alone (the rows are exchanged range by range over `all`).
+  Communicator tied;
   static StageComms split(Communicator& world, const StageLayout& layout);
 };
 

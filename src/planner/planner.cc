@@ -509,9 +509,18 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
 std::optional<Plan> plan_uniform(const CostModel& c, const Layout& layout, FitFailure* failure) {
   const int p = static_cast<int>(layout.stages.size());
   const int64_t L = c.model().layers;
+  Layout even = layout;
+  for (size_t i = 0; i < even.stages.size(); ++i) {
+    even.stages[i].vocabulary_only = false;  // a homogeneous-style split gives every stage layers
+    // Replicas of several chip types take equal shares, as if they were alike (when the shares are whole).
+    const int rows = even.dp * even.micro_batch, replicas = even.stage_dp(i);
+    if (!even.stages[i].mix.empty() && rows % replicas == 0) {
+      for (Layout::Share& s : even.stages[i].mix) s.rows = rows / replicas;
+    }
+  }
   std::vector<int> layers(static_cast<size_t>(p));
   for (int i = 0; i < p; ++i) layers[static_cast<size_t>(i)] = static_cast<int>(L / p + (i < L % p ? 1 : 0));
-  std::optional<Plan> plan = score_split(c, layout, layers, failure);
+  std::optional<Plan> plan = score_split(c, even, layers, failure);
   if (plan) score_by_replay(c, *plan);
   return plan;
 }

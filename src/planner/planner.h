@@ -95,7 +95,9 @@ std::optional<Plan> score_split(const CostModel& costs, const Layout& layout, co
 void set_step(const CostModel& costs, Plan& plan, const std::vector<double>& finish, double pipeline_s,
               bool link_bound);
 void score_by_replay(const CostModel& costs, Plan& plan);
-// The uniform split on a layout: layers divided as evenly as possible (the baseline HeteroAuto is measured against).
+// The uniform split on a layout (the baseline HeteroAuto is measured against): layers divided as evenly as possible
+// over the stages (a stage that held only the vocabulary gets its share too), and the replicas of a stage that mixes
+// chip types equal shares of a micro-batch's rows — a split blind to the chips' speeds and memories.
 std::optional<Plan> plan_uniform(const CostModel& costs, const Layout& layout, FitFailure* failure = nullptr);
 
 Layout layout_of(const Plan& plan, const Cluster& cluster);
