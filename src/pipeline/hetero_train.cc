@@ -181,9 +181,10 @@ void RankTraining::build_stage() {
       .backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, group ? group->chip : stage_.chip)});
   const GptRange range{stage_.embedding, stage_.first_layer, stage_.first_layer + stage_.layers, stage_.head};
   // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
-  runner_ = std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
-                                          OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
-                                          ActivationPolicy{stage_.recompute, max_in_flight(schedule_, place_.stage)});
+  runner_ = std::make_unique<StageRunner>(
+      c_.model, *device_, range, layout_, comms_, rows_, T_,
+      OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
+      ActivationPolicy{group ? group->recompute : stage_.recompute, max_in_flight(schedule_, place_.stage)});
   runner_->model().init(c_.seed);
 }
 
@@ -309,7 +310,7 @@ nlohmann::json RankTraining::memory_report() const {
                         .tp = s.tp,
                         .tp_rank = p.t,
                         .optimizer_shards = run_.zero1 ? s.dp : 1,
-                        .recompute = s.recompute,
+                        .recompute = group ? group->recompute : s.recompute,
                         .in_flight = max_in_flight(schedule_, p.stage)});
       const std::vector<double> want = stage_memory_terms(predicted);
       for (size_t i = 0; i < want.size(); ++i) {

@@ -71,6 +71,7 @@ void visit_group(S& g, F&& f) {
   f("chip", g.chip);
   f("replicas", g.replicas);
   f("rows", g.rows);
+  f("recompute", g.recompute);
   f("forward_s", g.forward_s);
   f("backward_s", g.backward_s);
   f("memory_bytes", g.memory_bytes);

@@ -19,6 +19,7 @@ struct ReplicaGroup {
   int chip_index = 0;
   int replicas = 1;
   int rows = 1;
+  Recompute recompute = Recompute::kNone;  // its own: the fastest under which the stage's layers fit on its chip
   // Predictions for one replica of the group: seconds per micro-batch, bytes per device.
   double forward_s = 0, backward_s = 0;
   double memory_bytes = 0, capacity_bytes = 0;
@@ -46,8 +47,9 @@ struct StagePlan {
   double state_bytes = 0, activation_bytes = 0, buffer_bytes = 0;
   double memory_bytes = 0, capacity_bytes = 0;
   // Replicas of several chip types, in this order (their replicas add up to dp, their rows x replicas to a
-  // micro-batch's dp x micro_batch sequences); the stage's own chip, times and memory are then those of the group
-  // that bounds it. Empty: dp replicas of `chip`, an equal share each.
+  // micro-batch's dp x micro_batch sequences); the stage's own chip, recomputation and times are then those of the
+  // group that bounds its time, its memory the group's with the least headroom. Empty: dp replicas of `chip`, an
+  // equal share each.
   std::vector<ReplicaGroup> groups;
 
   int devices() const { return tp * dp; }

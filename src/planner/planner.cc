@@ -227,19 +227,18 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   for (int i = 0; i < p; ++i) {
     const StageTerms& t = terms[static_cast<size_t>(i)];
     const int n = layers[static_cast<size_t>(i)];
-    // The given recomputation, else the fastest under which n layers fit.
-    std::optional<Recompute> pick;
-    if (!options.recompute.empty() && options.recompute[static_cast<size_t>(i)]) {
-      pick = options.recompute[static_cast<size_t>(i)];
-    } else {
+    // Per chip type of the stage: the given recomputation, else the fastest under which n layers fit on it.
+    std::optional<Recompute> given;
+    if (!options.recompute.empty()) given = options.recompute[static_cast<size_t>(i)];
+    bool found = true;  // a recomputation was given, or one fits on every chip type of the stage
+    const auto recompute_of = [&](const StageTerms& share) {
+      if (given) return *given;
       for (Recompute r : choices) {
-        if (n <= t.cap(r)) {
-          pick = r;
-          break;
-        }
+        if (n <= share.cap(r)) return r;
       }
-    }
-    const Recompute recompute = pick.value_or(choices.back());
+      found = false;
+      return choices.back();
+    };
     StagePlan st;
     st.tp = t.tp;
     st.dp = t.dp;
@@ -247,7 +246,6 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     st.layers = n;
     st.embedding = t.embedding;
     st.head = t.head;
-    st.recompute = recompute;
     st.in_flight = t.in_flight;
     // Each chip type of the stage (one, or the shares of a mixed stage): its time and memory. The stage's times
     // are the slowest share's, its memory the share with the least headroom, its chip the share that bounds time.
@@ -260,6 +258,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     const int tensors = 12 * n + (t.embedding ? 2 : 0) + (t.head ? (t.embedding ? 2 : 3) : 0);
     double slowest = -1, headroom = kInf;
     for (const StageTerms* share : t.members()) {
+      const Recompute recompute = recompute_of(*share);
       StageMemorySpec spec = share->spec;
       spec.layers = n;
       spec.recompute = recompute;
@@ -277,6 +276,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
                      .chip_index = share->chip,
                      .replicas = share->replicas,
                      .rows = share->rows,
+                     .recompute = recompute,
                      .forward_s = n * share->fwd_layer_s + share->extra_fwd_s,
                      .backward_s = n * share->bwd_layer_s[static_cast<int>(recompute)] + share->extra_bwd_s,
                      .memory_bytes = total,
@@ -287,6 +287,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
         slowest = g.forward_s + g.backward_s;
         st.chip = g.chip;
         st.chip_index = g.chip_index;
+        st.recompute = recompute;
       }
       if (1.0 - total / share->usable_bytes < headroom) {
         headroom = 1.0 - total / share->usable_bytes;
@@ -305,7 +306,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
       }
       if (!t.shares.empty()) st.groups.push_back(g);
     }
-    if (!pick && options.require_fit) return std::nullopt;
+    if (!found && options.require_fit) return std::nullopt;
     std::vector<int> types;
     for (const StageTerms* share : t.members()) types.push_back(share->chip);
     st.dp_allreduce_s = c.dp_allreduce_s(types, t.tp, t.dp, params);
@@ -437,9 +438,8 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     return std::nullopt;
   }
   // The layers stage i takes within `bound`: -1 when its own extra work (embedding, head) alone exceeds it.
-  auto take = [&](int i, double bound) -> int64_t {
-    const StageTerms& t = terms[static_cast<size_t>(i)];
-    if (least[static_cast<size_t>(i)] == 0) return bound + 1e-12 >= t.extra_fwd_s + t.extra_bwd_s ? 0 : -1;
+  // On one chip type: the most layers within `bound` under its best recomputation.
+  auto take_on = [&](const StageTerms& t, double bound) {
     int64_t best = 0;
     for (Recompute r : choices) {
       const int64_t by_time =
@@ -447,6 +447,14 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
       best = std::max(best, std::min(t.cap(r), by_time));
     }
     return best;
+  };
+  // A stage whose replicas mix chip types takes what every type can, each with its own recomputation.
+  auto take = [&](int i, double bound) -> int64_t {
+    const StageTerms& t = terms[static_cast<size_t>(i)];
+    if (least[static_cast<size_t>(i)] == 0) return bound + 1e-12 >= t.extra_fwd_s + t.extra_bwd_s ? 0 : -1;
+    int64_t n = std::numeric_limits<int64_t>::max();
+    for (const StageTerms* share : t.members()) n = std::min(n, take_on(*share, bound));
+    return n;
   };
   for (int i = 0; i < p; ++i) {
     const StageTerms& t = terms[static_cast<size_t>(i)];

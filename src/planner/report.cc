@@ -28,8 +28,9 @@ std::string format_plan(const Plan& p) {
                s.send_s * 1e3, format_bytes(s.memory_bytes).c_str(), 100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
     for (const ReplicaGroup& g : s.groups) {  // replicas of several chip types, with uneven shares
       out += format("%5s %-6s %3s %4d %-12s %-9s %6s %10.3f %10.3f %9s %11s %7.0f%%\n", "", g.chip.c_str(), "",
-                    g.replicas, format("%d rows each", g.rows).c_str(), "", "", g.forward_s * 1e3, g.backward_s * 1e3,
-                    "", format_bytes(g.memory_bytes).c_str(), 100.0 * (1.0 - g.memory_bytes / g.capacity_bytes));
+                    g.replicas, format("%d rows each", g.rows).c_str(), recompute_name(g.recompute), "",
+                    g.forward_s * 1e3, g.backward_s * 1e3, "", format_bytes(g.memory_bytes).c_str(),
+                    100.0 * (1.0 - g.memory_bytes / g.capacity_bytes));
     }
   }
   out += format("predicted: step %s | %.0f tokens/s | MFU %.1f%% | bubble %.1f%% | devices %d of %d%s\n",

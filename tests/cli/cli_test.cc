@@ -537,10 +537,10 @@ TEST_F(ClusterTraining, AStageOfMixedChipTypesTakesUnevenRows) {
   nlohmann::json stage = plan["stages"][0];
   stage.update({{"chip", "fast"}, {"tp", 1}, {"dp", 2}, {"first_layer", 0}, {"layers", 4}, {"head", true}});
   stage["groups"] = nlohmann::json::parse(
-      R"([{"chip": "fast", "replicas": 1, "rows": 3, "forward_s": 0.001, "backward_s": 0.002, "memory_bytes": 1e6,
-           "capacity_bytes": 5e7},
-          {"chip": "slow", "replicas": 1, "rows": 1, "forward_s": 0.001, "backward_s": 0.002, "memory_bytes": 1e6,
-           "capacity_bytes": 1e9}])");
+      R"([{"chip": "fast", "replicas": 1, "rows": 3, "recompute": "none", "forward_s": 0.001, "backward_s": 0.002,
+           "memory_bytes": 1e6, "capacity_bytes": 5e7},
+          {"chip": "slow", "replicas": 1, "rows": 1, "recompute": "none", "forward_s": 0.001, "backward_s": 0.002,
+           "memory_bytes": 1e6, "capacity_bytes": 1e9}])");
   plan["stages"] = nlohmann::json::array({stage});
   const std::string mixed_plan = dir_ + "/mixed_plan.json";
   std::ofstream(mixed_plan) << plan.dump(2);
@@ -563,6 +563,22 @@ TEST_F(ClusterTraining, AStageOfMixedChipTypesTakesUnevenRows) {
   EXPECT_GT(activations(1, "measured"), 0);
   EXPECT_NEAR(activations(0, "measured"), 3 * activations(1, "measured"), 1e-9 * activations(0, "measured"));
   for (int r : {0, 1}) EXPECT_EQ(activations(r, "measured"), activations(r, "predicted")) << "rank " << r;
+  // Each group recomputes as the plan says for it: the fast replica fully, the slow one not at all — every memory
+  // term as the formula gives it for that group, the same last loss.
+  plan["stages"][0]["groups"][0]["recompute"] = "full";
+  std::ofstream(mixed_plan) << plan.dump(2);
+  const Result recomputing =
+      run_h2(command() + " --plan " + mixed_plan + " --set train.out_dir=" + dir_ + "/recomputing");
+  ASSERT_EQ(recomputing.status, 0) << recomputing.output;
+  EXPECT_NEAR(loss(metric_lines(dir_ + "/recomputing/metrics.jsonl")), want, 1e-4 * want);
+  const nlohmann::json terms = nlohmann::json::parse(read_file(dir_ + "/recomputing/summary.json"))["memory"];
+  for (int r : {0, 1}) {
+    for (const auto& [name, term] : terms[static_cast<size_t>(r)]["terms"].items()) {
+      EXPECT_EQ(term["measured"], term["predicted"]) << "rank " << r << " " << name;
+    }
+  }
+  EXPECT_GT(terms[0]["terms"]["recompute"]["measured"].get<double>(), 0);
+  EXPECT_EQ(terms[1]["terms"]["recompute"]["measured"].get<double>(), 0);
   // Shares that do not add up to the micro-batch are refused before any rank starts, naming the field.
   plan["stages"][0]["groups"][0]["rows"] = 2;
   std::ofstream(mixed_plan) << plan.dump(2);
