@@ -144,11 +144,10 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
       out.push_back(shares.front());
       continue;
     }
-    // Mixed: the stage's time per layer and extra work are the slowest share's; the rest stays the first share's.
+    // Mixed: the stage's extra work (embedding, head) is the slowest share's, its time per layer and its room for
+    // layers the shares' (layer_s and cap ask each); the rest stays the first share's.
     StageTerms whole = shares.front();
     for (const StageTerms& s : shares) {
-      whole.fwd_layer_s = std::max(whole.fwd_layer_s, s.fwd_layer_s);
-      for (int r = 0; r < 3; ++r) whole.bwd_layer_s[r] = std::max(whole.bwd_layer_s[r], s.bwd_layer_s[r]);
       whole.extra_fwd_s = std::max(whole.extra_fwd_s, s.extra_fwd_s);
       whole.extra_bwd_s = std::max(whole.extra_bwd_s, s.extra_bwd_s);
     }
