@@ -2,9 +2,10 @@
 // (bench/validation/cases.yaml; docs/validation.md). Each case is written as the layout it ran (stages, TP, DP,
 // micro-batch, recomputation, schedule) and costed exactly as `h2 plan --layout` costs a layout file; the
 // predicted step is compared with the measured iteration. Twice: with the datasheet figures alone (the cost
-// model's default efficiencies), then with one matmul efficiency curve per chip type fitted on at most two
-// cases (marked `fit` in the file): two points on the GEMM-size axis, at the two cases' MLP GEMM sizes, solved
-// so that both cases are predicted as measured (one case: one flat efficiency).
+// model's default efficiencies), then with each chip type's two efficiencies fitted on at most two of its cases
+// (marked `fit` in the file): the matmul efficiency on the case with the smaller attention share (s / 6h), the
+// attention core's on the other, solved so that both are predicted as measured (one case: the matmul efficiency,
+// the attention core at half of it, the cost model's default).
 //
 //   validate_costs [--cases FILE] [--out FILE.md] [--check]
 // --check: exit 1 when a set with a `goal` misses it in the fitted mode (mean and max |error|).
@@ -42,6 +43,7 @@ struct Case {
   int64_t batch = 0;
   Recompute recompute = Recompute::kFull;
   ScheduleKind schedule = ScheduleKind::k1F1B;
+  int chunks = 1;  // model chunks per stage under the interleaved schedule
   double measured_s = 0;
   std::string measured_as;  // what the source gives
   bool fit = false;
@@ -138,6 +140,7 @@ Cases load_cases(const std::string& path) {
       if (!r) field("recompute").fail("expected none, selective or full");
       c.recompute = *r;
       c.schedule = parse_schedule_kind(field("schedule").as_string());
+      if (auto v = n.find("chunks")) c.chunks = static_cast<int>(v->as_int());
       c.fit = n.get<bool>("fit", false);
       if (c.gpus % (c.tp * c.pp) != 0) n.fail(cat(c.gpus, " GPUs are not a multiple of TP x PP"));
       const double flops = iteration_flops(c.model, c.batch);
@@ -179,19 +182,14 @@ double predict(const Case& c, const ChipType& chip) {
                          .zero1 = false,
                          .micro_batches = {c.micro_batch}};
   const CostModel costs(cluster, c.model, setup);
-  std::string yaml =
-      cat("dp: ", c.dp(), "\nmicro_batch: ", c.micro_batch, "\nschedule: ", schedule_name(c.schedule), "\nstages:\n");
+  std::string yaml = cat("dp: ", c.dp(), "\nmicro_batch: ", c.micro_batch, "\nschedule: ", schedule_name(c.schedule),
+                         "\nchunks: ", c.chunks, "\nstages:\n");
   for (int i = 0; i < c.pp; ++i) {
     yaml += cat("  - {chip: ", chip.name, ", tp: ", c.tp, ", layers: ", c.model.layers / c.pp,
                 ", recompute: ", recompute_name(c.recompute), "}\n");
   }
   const Plan plan = cost_layout(costs, load_layout(ConfigNode::parse_string(yaml, c.name), costs));
   return plan.step_s;
-}
-
-// The size of the case's MLP GEMM on one TP rank, GFLOP: where its GEMMs sit on the efficiency curve.
-double gemm_gflop(const Case& c) {
-  return 2.0 * c.micro_batch * c.model.seq_len * c.model.hidden * (c.model.ffn / c.tp) / 1e9;
 }
 
 // x in [lo, hi] where f(x) (decreasing) equals target.
@@ -203,7 +201,7 @@ double bisect(const std::function<double(double)>& f, double target, double lo, 
   return 0.5 * (lo + hi);
 }
 
-// The chip with a matmul efficiency fitted on `fit` (one or two cases of this chip).
+// The chip with its efficiencies fitted on `fit` (one or two cases of this chip).
 ChipType fitted(const ChipType& datasheet, std::vector<const Case*> fit) {
   ChipType chip = datasheet;
   if (fit.empty()) return chip;
@@ -217,22 +215,29 @@ ChipType fitted(const ChipType& datasheet, std::vector<const Case*> fit) {
         fit[0]->measured_s, 0.02, 1.0);
     return chip;
   }
-  std::sort(fit.begin(), fit.end(), [](const Case* a, const Case* b) { return gemm_gflop(*a) < gemm_gflop(*b); });
-  chip.matmul_curve = {{gemm_gflop(*fit[0]), chip.efficiency}, {gemm_gflop(*fit[1]), chip.efficiency}};
-  // Alternate: each point so that its case is predicted as measured, the other held (they couple weakly).
-  for (int round = 0; round < 8; ++round) {
-    for (size_t k = 0; k < 2; ++k) {
-      chip.matmul_curve[k].second = bisect(
-          [&](double e) {
-            ChipType t = chip;
-            t.matmul_curve[k].second = e;
-            t.efficiency = t.matmul_curve[1].second;  // the attention core at half the plateau
-            return predict(*fit[k], t);
-          },
-          fit[k]->measured_s, 0.02, 1.0);
-    }
+  // Two parameters, each from the case whose time it weighs in the most: the attention core's share of a
+  // layer's FLOPs is s / 6h (Narayanan et al. 2021, eq. 3), so the case with the larger one fits the attention
+  // core. Alternate, the other held; they couple weakly.
+  std::sort(fit.begin(), fit.end(), [](const Case* a, const Case* b) {
+    return a->model.seq_len * b->model.hidden < b->model.seq_len * a->model.hidden;
+  });
+  chip.attention_efficiency = chip.efficiency / 2;
+  for (int round = 0; round < 12; ++round) {
+    chip.efficiency = bisect(
+        [&](double e) {
+          ChipType t = chip;
+          t.efficiency = e;
+          return predict(*fit[0], t);
+        },
+        fit[0]->measured_s, 0.02, 1.0);
+    chip.attention_efficiency = bisect(
+        [&](double e) {
+          ChipType t = chip;
+          t.attention_efficiency = e;
+          return predict(*fit[1], t);
+        },
+        fit[1]->measured_s, 0.01, 1.0);
   }
-  chip.efficiency = chip.matmul_curve[1].second;
   return chip;
 }
 
@@ -298,8 +303,9 @@ int run(int argc, char** argv) {
   md += "| mode | cases | mean abs. error | max abs. error |\n|---|---|---|---|\n";
   md += format("| datasheet figures, the cost model's default efficiencies | %d | %.1f%% | %.1f%% |\n", datasheet_all.n,
                100 * datasheet_all.mean, 100 * datasheet_all.max);
-  md += format("| one efficiency curve per chip type, fitted on <= 2 cases (fit) | %d | %.1f%% | %.1f%% |\n",
-               fitted_all.n, 100 * fitted_all.mean, 100 * fitted_all.max);
+  md += format(
+      "| efficiencies per chip type (matmul, attention core) fitted on <= 2 cases (fit) | %d | %.1f%% | %.1f%% |\n",
+      fitted_all.n, 100 * fitted_all.mean, 100 * fitted_all.max);
   md += format("| the same, cases not fitted on | %d | %.1f%% | %.1f%% |\n\n", fitted_out.n, 100 * fitted_out.mean,
                100 * fitted_out.max);
   md += "| set | cases | datasheet: mean / max | fitted: mean / max | goal (checked) |\n|---|---|---|---|---|\n";
@@ -317,28 +323,22 @@ int run(int argc, char** argv) {
   }
   md +=
       "\n## Cases\n\nSeconds per iteration: measured (converted from what the source gives), predicted with the "
-      "datasheet figures, predicted with the fitted curve.\n\n";
+      "datasheet figures, predicted with the fitted efficiencies.\n\n";
   md +=
       "| set | case | GPU | GPUs | TP | PP | DP | micro-batch | batch | seq | recompute | published | measured s | "
       "datasheet s | error | fitted s | error "
       "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   md += rows;
-  md += "\n## Fitted efficiency curves\n\n";
+  md += "\n## Fitted efficiencies\n\n";
   for (const System& s : in.systems) {
     const ChipType& c = fit_chip[s.name];
-    if (c.matmul_curve.empty()) {
-      md += format("- %s: one efficiency %.3f of %.0f TFLOP/s at every GEMM size (attention core %.3f)\n",
-                   c.name.c_str(), c.efficiency, c.peak_tflops, c.efficiency / 2);
-    } else {
-      md += format(
-          "- %s: matmul_curve [[%.1f, %.3f], [%.1f, %.3f]] (GFLOP of one GEMM, fraction of %.0f TFLOP/s); "
-          "attention core %.3f\n",
-          c.name.c_str(), c.matmul_curve[0].first, c.matmul_curve[0].second, c.matmul_curve[1].first,
-          c.matmul_curve[1].second, c.peak_tflops, c.efficiency / 2);
-    }
+    md += format("- %s: matmul efficiency %.3f of %.0f TFLOP/s, attention core %.3f\n", c.name.c_str(), c.efficiency,
+                 c.peak_tflops, c.attention_efficiency > 0 ? c.attention_efficiency : c.efficiency / 2);
   }
   md += "\n## Sources\n\n";
-  for (const Set& s : in.sets) md += "- **" + s.name + "**: " + s.source + " Assumed: " + s.assumed + ".\n";
+  for (const Set& s : in.sets) {
+    md += "- **" + s.name + "**: " + s.source + (s.assumed.empty() ? "" : " Assumed: " + s.assumed + ".") + "\n";
+  }
   for (const System& s : in.systems) md += "- **" + s.name + "**: " + s.source + "\n";
   if (out.empty()) {
     std::fputs(md.c_str(), stdout);
