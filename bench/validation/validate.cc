@@ -194,7 +194,7 @@ double predict(const Case& c, const ChipType& chip) {
 
 // x in [lo, hi] where f(x) (decreasing) equals target.
 double bisect(const std::function<double(double)>& f, double target, double lo, double hi) {
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 24; ++i) {  // to 1e-7 of the bracket
     const double mid = 0.5 * (lo + hi);
     (f(mid) > target ? lo : hi) = mid;
   }
@@ -222,7 +222,9 @@ ChipType fitted(const ChipType& datasheet, std::vector<const Case*> fit) {
     return a->model.seq_len * b->model.hidden < b->model.seq_len * a->model.hidden;
   });
   chip.attention_efficiency = chip.efficiency / 2;
-  for (int round = 0; round < 12; ++round) {
+  double moved = 1;
+  for (int round = 0; round < 20 && moved > 1e-4; ++round) {  // until neither moves
+    const ChipType before = chip;
     chip.efficiency = bisect(
         [&](double e) {
           ChipType t = chip;
@@ -237,6 +239,8 @@ ChipType fitted(const ChipType& datasheet, std::vector<const Case*> fit) {
           return predict(*fit[1], t);
         },
         fit[1]->measured_s, 0.01, 1.0);
+    moved = std::max(std::abs(chip.efficiency - before.efficiency),
+                     std::abs(chip.attention_efficiency - before.attention_efficiency));
   }
   return chip;
 }
