@@ -58,7 +58,8 @@ class CostModel {
   // One activation (or its gradient) of b sequences from a stage on chip `from` with TP tp_from to one on `to` with
   // tp_to: partitioned over the TP ranks, then all-gathered by the receiving group.
   double transfer_s(int from, int tp_from, int to, int tp_to, int b) const;
-  // Gradient all-reduce over the stage's dp replicas of `params` parameters held per device.
+  // Gradient all-reduce over the stage's dp replicas of `params` parameters held per device; across nodes at the
+  // NIC bandwidth of the group's replicas on one node.
   double dp_allreduce_s(int chip, int tp, int dp, double params_per_device) const;
   // The same over replicas of several chip types (a mixed stage): the ring crosses between the types, so it runs
   // at the slowest of their NICs and the links between them, staged through host memory where a link is not

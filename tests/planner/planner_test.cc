@@ -145,9 +145,12 @@ TEST(CostModel, MatchesClosedForms) {
   // with 2 us latency: 2 x 1/2 x 4 MiB / 100 GB/s + 2 x 2 us, twice per layer on top of the kernels.
   EXPECT_NEAR(costs.layer_forward_s(0, 2, 1) - costs.ops_s(0, block_ops(small_model(4), 1, 1024, 2, 2, 2, false)),
               2 * (4194304.0 / 100e9 + 4e-6), 1e-12);
-  // Data parallelism: the ring all-reduce of 1e9 bf16 gradients over 4 replicas of Y within a node? No: 2 per node,
-  // so over its 10 GB/s NICs with 5 us: 2 x 3/4 x 2 GB / 10 GB/s + 6 x 5 us.
-  EXPECT_NEAR(costs.dp_allreduce_s(1, 1, 4, 1e9), 0.3 + 30e-6, 1e-12);
+  // Data parallelism: the ring all-reduce of 1e9 bf16 gradients over 4 replicas of Y, 2 per node: the ring leaves
+  // each node once, over both of its 10 GB/s NICs (20 GB/s, under the node's 50), with 5 us:
+  // 2 x 3/4 x 2 GB / 20 GB/s + 6 x 5 us. At TP 2 each node holds one replica, and the node's two NICs serve two
+  // rings (one per TP rank): 10 GB/s each, 2 x 1/2 x 2 GB / 10 GB/s + 2 x 5 us.
+  EXPECT_NEAR(costs.dp_allreduce_s(1, 1, 4, 1e9), 0.15 + 30e-6, 1e-12);
+  EXPECT_NEAR(costs.dp_allreduce_s(1, 2, 2, 1e9), 0.2 + 10e-6, 1e-12);
   // The optimizer: 28 bytes per parameter (bf16, no ZeRO) at 500 x 0.8 GB/s, plus a norm and an AdamW kernel per
   // tensor and one clipping kernel at 5 us each: 1e9 x 28 / 400e9 + 25 x 5 us for 12 tensors.
   EXPECT_NEAR(costs.optimizer_s(1, 4, 1e9, 12), 0.07 + 125e-6, 1e-12);
