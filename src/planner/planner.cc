@@ -9,6 +9,7 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "core/clock.h"
@@ -55,11 +56,8 @@ struct StageTerms {
     return slowest;
   }
   // The stage's replicas by chip type: its shares, or itself.
-  std::vector<const StageTerms*> members() const {
-    std::vector<const StageTerms*> out;
-    for (const StageTerms& s : shares) out.push_back(&s);
-    if (out.empty()) out.push_back(this);
-    return out;
+  std::span<const StageTerms> members() const {
+    return shares.empty() ? std::span<const StageTerms>(this, 1) : std::span<const StageTerms>(shares);
   }
   static constexpr double kRoundingBytes = 4096;  // ZeRO-1's rounded-up shards
 };
@@ -256,30 +254,30 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     // The model's tensors on this stage (gpt.cc): 12 per block, wte and wpe, ln_f's two and its own wte.
     const int tensors = 12 * n + (t.embedding ? 2 : 0) + (t.head ? (t.embedding ? 2 : 3) : 0);
     double slowest = -1, headroom = kInf;
-    for (const StageTerms* share : t.members()) {
-      const Recompute recompute = recompute_of(*share);
-      StageMemorySpec spec = share->spec;
+    for (const StageTerms& share : t.members()) {
+      const Recompute recompute = recompute_of(share);
+      StageMemorySpec spec = share.spec;
       spec.layers = n;
       spec.recompute = recompute;
       const StageMemory memory = c.stage_memory(spec);
       // Interleaved: a micro-batch in flight holds one chunk's share of the stage's activations.
-      const double total = memory.state() + memory.buffers() + share->in_flight * memory.per_micro_batch() / v;
-      if (total > share->usable_bytes && failure != nullptr) {
-        failure->shortfall_bytes = total - share->usable_bytes;
+      const double total = memory.state() + memory.buffers() + share.in_flight * memory.per_micro_batch() / v;
+      if (total > share.usable_bytes && failure != nullptr) {
+        failure->shortfall_bytes = total - share.usable_bytes;
         failure->what =
-            cat(describe_stage(c, i, *share), " with ", n, " layers needs ", format_bytes(total), " per device with ",
-                recompute_name(recompute), " recomputation; it has ", format_bytes(share->usable_bytes),
+            cat(describe_stage(c, i, share), " with ", n, " layers needs ", format_bytes(total), " per device with ",
+                recompute_name(recompute), " recomputation; it has ", format_bytes(share.usable_bytes),
                 " usable (short by ", format_bytes(failure->shortfall_bytes), ")");
       }
-      ReplicaGroup g{.chip = c.cluster().chips[static_cast<size_t>(share->chip)].name,
-                     .chip_index = share->chip,
-                     .replicas = share->replicas,
-                     .rows = share->rows,
+      ReplicaGroup g{.chip = c.cluster().chips[static_cast<size_t>(share.chip)].name,
+                     .chip_index = share.chip,
+                     .replicas = share.replicas,
+                     .rows = share.rows,
                      .recompute = recompute,
-                     .forward_s = n * share->fwd_layer_s + share->extra_fwd_s,
-                     .backward_s = n * share->bwd_layer_s[static_cast<int>(recompute)] + share->extra_bwd_s,
+                     .forward_s = n * share.fwd_layer_s + share.extra_fwd_s,
+                     .backward_s = n * share.bwd_layer_s[static_cast<int>(recompute)] + share.extra_bwd_s,
                      .memory_bytes = total,
-                     .capacity_bytes = share->usable_bytes};
+                     .capacity_bytes = share.usable_bytes};
       st.forward_s = std::max(st.forward_s, g.forward_s);
       st.backward_s = std::max(st.backward_s, g.backward_s);
       if (g.forward_s + g.backward_s > slowest) {
@@ -288,26 +286,26 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
         st.chip_index = g.chip_index;
         st.recompute = recompute;
       }
-      if (1.0 - total / share->usable_bytes < headroom) {
-        headroom = 1.0 - total / share->usable_bytes;
+      if (1.0 - total / share.usable_bytes < headroom) {
+        headroom = 1.0 - total / share.usable_bytes;
         st.state_bytes = memory.state();
         st.activation_bytes = memory.per_micro_batch();
         st.buffer_bytes = memory.buffers();
         st.memory_bytes = total;
-        st.capacity_bytes = share->usable_bytes;
+        st.capacity_bytes = share.usable_bytes;
       }
-      plan.fits = plan.fits && total <= share->usable_bytes;
-      st.optimizer_s = std::max(st.optimizer_s, c.optimizer_s(share->chip, t.dp, params, tensors));
+      plan.fits = plan.fits && total <= share.usable_bytes;
+      st.optimizer_s = std::max(st.optimizer_s, c.optimizer_s(share.chip, t.dp, params, tensors));
       if (i + 1 < p) {
-        for (const StageTerms* next : terms[static_cast<size_t>(i + 1)].members()) {
-          st.send_s = std::max(st.send_s, c.transfer_s(share->chip, t.tp, next->chip, next->tp, next->rows));
+        for (const StageTerms& next : terms[static_cast<size_t>(i + 1)].members()) {
+          st.send_s = std::max(st.send_s, c.transfer_s(share.chip, t.tp, next.chip, next.tp, next.rows));
         }
       }
       if (!t.shares.empty()) st.groups.push_back(g);
     }
     if (!found && options.require_fit) return std::nullopt;
     std::vector<int> types;
-    for (const StageTerms* share : t.members()) types.push_back(share->chip);
+    for (const StageTerms& share : t.members()) types.push_back(share.chip);
     st.dp_allreduce_s = c.dp_allreduce_s(types, t.tp, t.dp, params);
     if (p > 1 && s.tied_embeddings && (t.embedding || t.head)) {
       // Each rank exchanges its vocabulary rows with the other end's ranks that hold them.
@@ -452,7 +450,7 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     const StageTerms& t = terms[static_cast<size_t>(i)];
     if (least[static_cast<size_t>(i)] == 0) return bound + 1e-12 >= t.extra_fwd_s + t.extra_bwd_s ? 0 : -1;
     int64_t n = std::numeric_limits<int64_t>::max();
-    for (const StageTerms* share : t.members()) n = std::min(n, take_on(*share, bound));
+    for (const StageTerms& share : t.members()) n = std::min(n, take_on(share, bound));
     return n;
   };
   for (int i = 0; i < p; ++i) {
@@ -549,8 +547,9 @@ Layout layout_of(const Plan& plan, const Cluster& cluster) {
 }
 
 std::vector<Layout::Share> Layout::shares(size_t i) const {
-  if (!stages[i].mix.empty()) return stages[i].mix;
-  return {{stages[i].chip, stage_dp(i), dp * micro_batch / stage_dp(i)}};
+  std::vector<Share> out;
+  for_each_share(i, [&](const Share& s) { out.push_back(s); });
+  return out;
 }
 
 namespace {
@@ -624,7 +623,7 @@ struct Search {
   double lower_bound(const Layout& l) const {
     double rate = 0;
     for (size_t i = 0; i < l.stages.size(); ++i) {
-      for (const Layout::Share& s : l.shares(i)) rate += l.stages[i].tp * s.replicas * c.flops_rate(s.chip);
+      l.for_each_share(i, [&](const Layout::Share& s) { rate += l.stages[i].tp * s.replicas * c.flops_rate(s.chip); });
     }
     return c.step_model_flops() / rate;
   }
@@ -648,7 +647,7 @@ struct Search {
     double layers = 0;
     for (size_t i = 0; i < l.stages.size(); ++i) {
       double least = kInf;  // a mixed stage holds what its smallest chip type has room for
-      for (const Layout::Share& s : l.shares(i)) least = std::min(least, c.usable_bytes(s.chip));
+      l.for_each_share(i, [&](const Layout::Share& s) { least = std::min(least, c.usable_bytes(s.chip)); });
       layers += l.stages[i].tp * least / layers_state_bytes(c, l.stage_dp(i));
     }
     return layers * static_cast<double>(c.model().layers);

@@ -70,6 +70,15 @@ struct Layout {
   int stage_dp(size_t i) const { return stages[i].dp > 0 ? stages[i].dp : dp; }
   // The stage's replicas by chip type: its mix, or one share of stage_dp(i) replicas of its chip.
   std::vector<Share> shares(size_t i) const;
+  // f(share) for each of them, without allocating (the search's inner loops).
+  template <class F>
+  void for_each_share(size_t i, F&& f) const {
+    if (stages[i].mix.empty()) {
+      f(Share{stages[i].chip, stage_dp(i), dp * micro_batch / stage_dp(i)});
+    } else {
+      for (const Share& s : stages[i].mix) f(s);
+    }
+  }
 };
 
 // Why a layout or a split did not give a plan.
