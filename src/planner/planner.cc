@@ -1057,20 +1057,31 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
   // Anytime search: the greedy tier first (fast, and its best plan prunes the finer tiers by the lower
   // bound), then the coarse tier, which stops at the time budget if it must; the exhaustive tier only when
   // its space is small enough to finish (up to kExhaustiveLayouts layouts).
-  constexpr double kExhaustiveLayouts = 2e6;
+  // A tier is tried only when it can finish: up to kCoarseLayouts layouts (the coarse tier of the 1,024-chip
+  // example has 5e5) or kExhaustiveLayouts (each costs more: every order of the types).
+  constexpr double kCoarseLayouts = 2e7, kExhaustiveLayouts = 2e6;
+  std::string too_large;  // the first tier left out for its size, said in the plan's why
   const unsigned threads =
       options.threads > 0 ? static_cast<unsigned>(options.threads) : std::max(1u, std::thread::hardware_concurrency());
   for (const char* tier : {"greedy", "coarse", "exhaustive"}) {
     if (std::string(tier) == "coarse" && options.finest_tier == "greedy") break;
-    if (std::string(tier) == "exhaustive") {
-      if (options.finest_tier != "exhaustive") break;
+    if (std::string(tier) == "exhaustive" && options.finest_tier != "exhaustive") break;
+    if (std::string(tier) != "greedy") {
+      // The tier's layouts: every choice per type, in every order (exhaustive) or two (coarse).
       double count = 0;
       for (const auto& [dp, b] : pairs) {
         double combos = 1;
         for (int chip : search.chips) combos *= static_cast<double>(type_options(c, chip, dp, b, tier).size());
-        count += combos * std::tgamma(search.chips.size() + 1.0);
+        count += combos * (std::string(tier) == "exhaustive" ? std::tgamma(search.chips.size() + 1.0) : 2.0);
       }
-      if (count > kExhaustiveLayouts) break;
+      const bool coarse = std::string(tier) == "coarse";
+      if (count > (coarse ? kCoarseLayouts : kExhaustiveLayouts)) {
+        // Too large to finish: the previous tier's plan stands. Said for the coarse tier; that the exhaustive
+        // tier is out of reach on all but small clusters is the rule, not news.
+        if (coarse)
+          too_large = format("the coarse tier's %.2g layouts were not enumerated (too many to finish)", count);
+        break;
+      }
     }
     search.tier = tier;
     std::atomic<size_t> next{0};
@@ -1134,6 +1145,7 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
                  search.evaluated.load(), " costed layouts (", search.layouts.load(), " generated, ",
                  search.pruned_memory.load(), " pruned for memory, ", search.pruned_bound.load(),
                  " pruned by the lower bound; ", search.tier, " enumeration)");
+  if (!too_large.empty()) plan.why += "; " + too_large;
   if (plan.devices_used < plan.devices_total) {
     plan.why += cat("; ", plan.devices_total - plan.devices_used, " of ", plan.devices_total,
                     " devices are left idle because no plan using them was faster");

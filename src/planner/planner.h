@@ -5,9 +5,9 @@
 // and for each chip type its TP degree and its number of stages, with the chip types in some order along the
 // pipeline. Layouts that cannot hold the model even with full recomputation are dropped before costing, and so
 // are layouts whose lower bound (all work at the used devices' full rate) is no better than the best plan so
-// far. The enumeration is anytime, in tiers of growing fineness (the "tier", reported): greedy, then coarse
-// (cut off by the time budget if it must), then exhaustive when its space is small enough to finish — so
-// small clusters are enumerated completely.
+// far. The enumeration is anytime, in tiers of growing fineness (the "tier", reported): greedy, then coarse and
+// then exhaustive, each when its space is small enough to finish (the time budget still cuts it off if it must) —
+// so small clusters are enumerated completely, and very large ones keep the greedy tier's plan at once.
 // Stage 2 splits the layers over a layout's stages: a binary search on the slowest stage's time, where each
 // stage takes as many layers as its memory allows under its best recomputation choice — the exact minimum of
 // the slowest stage — then the plan is scored with the 1F1B pipeline formula (cost_model.h).

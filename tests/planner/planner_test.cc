@@ -193,6 +193,32 @@ TEST_F(Hetero1024, UniformSplitIsSlowerAndNoTypeAloneIsFaster) {
   }
 }
 
+// The search tries a tier only when it can finish it: on the 1,024-chip example (4 types) the coarse tier completes;
+// on 1,024 chips of 8 types its 13 options per type (two TPs x six stage counts, or none) make 13^8 x 2 orders
+// per (DP, micro-batch) pair, so the greedy tier's plan stands, at once and said so, instead of the coarse tier
+// running into the time budget.
+TEST_F(Hetero1024, LeavesOutATierTooLargeToFinish) {
+  SearchStats four;
+  plan_training(CostModel(cluster_, model_, train_), PlannerOptions{.time_budget_s = 60}, &four);
+  EXPECT_EQ(four.tier, "coarse");
+  EXPECT_FALSE(four.budget_exhausted);
+  std::string yaml = "name: eight\nchips:\n", groups = "groups:\n", links = "links:\n";
+  for (int i = 0; i < 8; ++i) {
+    const std::string name = cat("T", i);
+    yaml += cat("  - {name: ", name, ", peak_tflops: ", 150 + 100 * i, ", memory_gib: ", 24 + 16 * (i % 4),
+                ", memory_bandwidth_gbps: 2000}\n");
+    groups += cat("  - {chip: ", name, ", nodes: 16, chips_per_node: 8, intra_node_gbps: 200, nic_gbps: 25}\n");
+    for (int j = i + 1; j < 8; ++j) links += cat("  - {between: [", name, ", T", j, "], bandwidth_gbps: 12.5}\n");
+  }
+  const Cluster eight = load_cluster(ConfigNode::parse_string(yaml + groups + links, "<eight>"));
+  SearchStats stats;
+  const Plan plan = plan_training(CostModel(eight, model_, train_), PlannerOptions{.time_budget_s = 60}, &stats);
+  EXPECT_EQ(stats.tier, "greedy");
+  EXPECT_FALSE(stats.budget_exhausted);
+  EXPECT_THAT(plan.why, HasSubstr("the coarse tier's"));
+  EXPECT_THAT(plan.why, HasSubstr("layouts were not enumerated (too many to finish)"));
+}
+
 // The baselines h2 plan --compare and h2 train print: each type alone planned by the same search, and the
 // heterogeneous speed-up as the plan's throughput over their sum, worked out here from the parts.
 TEST(Report, BaselinesAndTheHeterogeneousSpeedup) {
