@@ -146,12 +146,14 @@ double CostModel::transfer_s(int from, int tp_from, int to, int tp_to, int b) co
 // Across nodes the ring is topology-aware, as NCCL builds it: a stage's devices fill nodes in turn, so each node
 // holds `per_node` = chips_per_node / tp replicas of the group, linked over the node's own links, and the ring
 // leaves a node once. The node's NICs are shared by the tp rings of its TP ranks, each running at once, so each
-// ring has per_node NICs' worth of bandwidth, at most the node's links.
+// ring has per_node NICs' worth of bandwidth, at most the node's links. When the replicas do not fill whole nodes
+// some node may hold only one of them: then one NIC's worth.
 double CostModel::dp_allreduce_s(int chip, int tp, int dp, double params_per_device) const {
   const NodeGroup& g = cluster_.group_of(chip);
   const double bytes = params_per_device * k_.bytes.grad;
   if (tp * dp <= g.chips_per_node) return ring_allreduce_s(bytes, dp, g.intra_node_gbps, g.intra_node_latency_us);
-  const int per_node = std::clamp(g.chips_per_node / tp, 1, dp);
+  int per_node = std::clamp(g.chips_per_node / tp, 1, dp);
+  if (dp % per_node != 0) per_node = 1;
   return ring_allreduce_s(bytes, dp, std::min(g.intra_node_gbps, per_node * g.nic_gbps), g.nic_latency_us);
 }
 

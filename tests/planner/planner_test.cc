@@ -148,9 +148,11 @@ TEST(CostModel, MatchesClosedForms) {
   // Data parallelism: the ring all-reduce of 1e9 bf16 gradients over 4 replicas of Y, 2 per node: the ring leaves
   // each node once, over both of its 10 GB/s NICs (20 GB/s, under the node's 50), with 5 us:
   // 2 x 3/4 x 2 GB / 20 GB/s + 6 x 5 us. At TP 2 each node holds one replica, and the node's two NICs serve two
-  // rings (one per TP rank): 10 GB/s each, 2 x 1/2 x 2 GB / 10 GB/s + 2 x 5 us.
+  // rings (one per TP rank): 10 GB/s each, 2 x 1/2 x 2 GB / 10 GB/s + 2 x 5 us. Three replicas at TP 1 do not fill
+  // whole nodes (one node holds one of them): one NIC, 2 x 2/3 x 2 GB / 10 GB/s + 4 x 5 us.
   EXPECT_NEAR(costs.dp_allreduce_s(1, 1, 4, 1e9), 0.15 + 30e-6, 1e-12);
   EXPECT_NEAR(costs.dp_allreduce_s(1, 2, 2, 1e9), 0.2 + 10e-6, 1e-12);
+  EXPECT_NEAR(costs.dp_allreduce_s(1, 1, 3, 1e9), 0.8 / 3 + 20e-6, 1e-12);
   // The optimizer: 28 bytes per parameter (bf16, no ZeRO) at 500 x 0.8 GB/s, plus a norm and an AdamW kernel per
   // tensor and one clipping kernel at 5 us each: 1e9 x 28 / 400e9 + 25 x 5 us for 12 tensors.
   EXPECT_NEAR(costs.optimizer_s(1, 4, 1e9, 12), 0.07 + 125e-6, 1e-12);
