@@ -1,6 +1,8 @@
 // bench_ops: every op of the cpu backend at GPT-2-small shapes (B=4, T=256, C=768, 12 heads, V=50257), each
 // beside a named alternative measured in the same run:
 //   - matmul (forward and backward) beside bare cblas_sgemm calls on the same shapes: GFLOP/s and ratio;
+//   - matmul forward with bf16 inputs (H2's own kernel: Debian's OpenBLAS has no bf16 GEMM) beside the same bare
+//     f32 sgemm (goal: 1.6x);
 //   - element-wise and row-wise ops beside memcpy moving the same number of bytes (read + written): GB/s, ratio;
 //   - two emu devices (speed 1.0 and 0.5) running the same op one at a time: their time ratio, target 2.0.
 // Times are medians over repetitions; ratios, not absolute times, are the result (the machine is shared).
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/format.h"
 #include "core/rng.h"
 #include "device/registry.h"
 
@@ -50,16 +53,24 @@ Tensor tokens(Device& dev, Shape shape, int limit) {
   return t;
 }
 
+// GPT-2-small's matrix products: N x c -> oc, the head without a bias.
+struct MatmulShape {
+  const char* name;
+  int c, oc;
+};
+constexpr MatmulShape kMatmulShapes[] = {{"attn.c_attn (qkv)", C, 3 * C},
+                                         {"attn.c_proj", C, C},
+                                         {"mlp.c_fc", C, 4 * C},
+                                         {"mlp.c_proj", 4 * C, C},
+                                         {"lm_head (no bias)", C, V}};
+
+// The f32 op and its backward against bare sgemm; then the forward with bf16 inp and weight (out f32) against the
+// same sgemm: what bf16 training would gain per matrix product on this CPU.
 void matmul_table(Device& dev) {
   std::printf("\n## matmul: op vs bare cblas_sgemm (same shapes, same run)\n");
   std::printf("%-26s %16s %10s %10s %8s\n", "layer", "N x C -> OC", "op GF/s", "sgemm GF/s", "ratio");
-  struct Shape3 {
-    const char* name;
-    int c, oc;
-  };
-  for (const Shape3& s :
-       {Shape3{"attn.c_attn (qkv)", C, 3 * C}, Shape3{"attn.c_proj", C, C}, Shape3{"mlp.c_fc", C, 4 * C},
-        Shape3{"mlp.c_proj", 4 * C, C}, Shape3{"lm_head (no bias)", C, V}}) {
+  std::string bf16_rows;
+  for (const MatmulShape& s : kMatmulShapes) {
     const bool bias = s.oc != V;
     Tensor inp = randn(dev, {N, s.c}, 1), w = randn(dev, {s.oc, s.c}, 2, 0.02f), b = randn(dev, {s.oc}, 3);
     Tensor out = dev.empty(DType::kF32, {N, s.oc});
@@ -73,6 +84,12 @@ void matmul_table(Device& dev) {
     std::snprintf(dims, sizeof(dims), "%lldx%d->%d", static_cast<long long>(N), s.c, s.oc);
     std::printf("%-26s %16s %10.1f %10.1f %8.3f\n", s.name, dims, flops / t_op * 1e-9, flops / t_bare * 1e-9,
                 t_bare / t_op);
+    Tensor inp16 = dev.empty(DType::kBF16, {N, s.c}), w16 = dev.empty(DType::kBF16, {s.oc, s.c});
+    ops::convert(inp16, inp);
+    ops::convert(w16, w);
+    const double t_bf16 = time_median([&] { ops::matmul_forward(out, inp16, w16, bias ? b : Tensor()); });
+    bf16_rows += format("%-26s %16s %10.1f %10.1f %8.3f\n", s.name, dims, flops / t_bf16 * 1e-9, flops / t_bare * 1e-9,
+                        t_bare / t_bf16);
     if (!bias) continue;
     // Backward: the op does two products and a column sum; the alternative is the same two bare sgemms.
     Tensor dout = randn(dev, {N, s.oc}, 4), dinp = dev.empty(DType::kF32, {N, s.c});
@@ -87,6 +104,9 @@ void matmul_table(Device& dev) {
     std::printf("%-26s %16s %10.1f %10.1f %8.3f\n", (std::string(s.name) + " backward").c_str(), dims,
                 2 * flops / t_bop * 1e-9, 2 * flops / t_bbare * 1e-9, t_bbare / t_bop);
   }
+  std::printf("\n## matmul forward in bf16 (bf16 inp and weight, f32 out) vs the bare f32 cblas_sgemm above\n");
+  std::printf("%-26s %16s %10s %10s %8s\n%s", "layer", "N x C -> OC", "bf16 GF/s", "sgemm GF/s", "ratio",
+              bf16_rows.c_str());
 }
 
 struct BandwidthRow {

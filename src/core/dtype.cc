@@ -33,6 +33,18 @@ const char* dtype_name(DType dtype) {
   return "?";
 }
 
+std::vector<float> widen_bf16(const bf16_t* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = bf16_to_f32(x[i]);
+  return out;
+}
+
+std::vector<bf16_t> round_to_bf16(const float* x, int64_t n) {
+  std::vector<bf16_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = f32_to_bf16(x[i]);
+  return out;
+}
+
 DType parse_dtype(std::string_view name) {
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF64, DType::kI32}) {
     if (name == dtype_name(dtype)) return dtype;

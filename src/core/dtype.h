@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace h2 {
 
@@ -29,5 +30,9 @@ inline bf16_t f32_to_bf16(float value) {
   const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
   return static_cast<bf16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
+
+// Copies of n values in the other type (widening is exact).
+std::vector<float> widen_bf16(const bf16_t* x, int64_t n);
+std::vector<bf16_t> round_to_bf16(const float* x, int64_t n);
 
 }  // namespace h2

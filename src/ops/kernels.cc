@@ -73,6 +73,9 @@ void Kernels::layernorm_backward(float*, float*, float*, const float*, const flo
 void Kernels::matmul_forward(float*, const float*, const float*, const float*, int64_t, int, int) const {
   H2_NOT_IMPLEMENTED(Op::kMatmulForward);
 }
+void Kernels::matmul_forward_bf16(float*, const bf16_t*, const bf16_t*, const float*, int64_t, int, int) const {
+  H2_NOT_IMPLEMENTED(Op::kMatmulForward);
+}
 void Kernels::matmul_backward(float*, float*, float*, const float*, const float*, const float*, int64_t, int,
                               int) const {
   H2_NOT_IMPLEMENTED(Op::kMatmulBackward);

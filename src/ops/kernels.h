@@ -99,6 +99,10 @@ class Kernels {
   // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be null.
   virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
                               int OC) const;
+  // The same with inp and weight in bf16 (supports(kMatmulForward, kBF16)): products exact, summed in f32 or
+  // better, out and bias in f32.
+  virtual void matmul_forward_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N,
+                                   int C, int OC) const;
   // dinp (N,C) = dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout (may be null).
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, int64_t N, int C, int OC) const;

@@ -236,8 +236,10 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   Args a(Op::kMatmulForward);
   a.dtype(out, "out", DType::kF32);
-  a.dtype(inp, "inp", DType::kF32);
-  a.dtype(weight, "weight", DType::kF32);
+  a.defined(inp, "inp");
+  const DType dtype = inp.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;  // of inp and weight
+  a.dtype(inp, "inp", dtype);
+  a.dtype(weight, "weight", dtype);
   const int64_t C = a.last_dim(inp, "inp");
   const int64_t OC = a.dim(weight, "weight", 2, 0);
   a.positive(C, "input channels C (inp's last dimension)");
@@ -254,10 +256,14 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
   a.numel(out, "out", N * OC, cat("N*OC = ", N, "*", OC));
   Device& dev = a.device({&out, &inp, &weight, &bias});
   if (N == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
-    k.matmul_forward(out.data_as<float>(), inp.data_as<float>(), weight.data_as<float>(),
-                     bias.defined() ? bias.data_as<float>() : nullptr, N, checked_int(a, C, "C"),
-                     checked_int(a, OC, "OC"));
+  const float* b = bias.defined() ? bias.data_as<float>() : nullptr;
+  const int c = checked_int(a, C, "C"), oc = checked_int(a, OC, "OC");
+  run(dev, a.op(), dtype, [&](const Kernels& k) {
+    if (dtype == DType::kBF16) {
+      k.matmul_forward_bf16(out.data_as<float>(), inp.data_as<bf16_t>(), weight.data_as<bf16_t>(), b, N, c, oc);
+    } else {
+      k.matmul_forward(out.data_as<float>(), inp.data_as<float>(), weight.data_as<float>(), b, N, c, oc);
+    }
   });
 }
 

@@ -23,7 +23,8 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
                        const Tensor& weight, const Tensor& bias);
 void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
-// inp (...,C); weight (OC,C); bias (OC) or an undefined Tensor; out (...,OC).
+// inp (...,C); weight (OC,C); bias (OC) or an undefined Tensor; out (...,OC). inp and weight both f32, or both
+// bf16 (products summed in f32); out and bias f32.
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight);

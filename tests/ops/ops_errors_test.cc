@@ -33,6 +33,24 @@ TEST_F(OpsErrors, MatmulWithWrongOutputSize) {
               HasSubstr("argument 'out' has shape [4, 7] (28 elements) but needs 32 elements"));
 }
 
+// A bf16 product takes inp and weight both in bf16, into an f32 out.
+TEST_F(OpsErrors, MatmulInBf16NeedsBothOperandsInBf16AndAnF32Output) {
+  Tensor x = dev_->zeros(DType::kBF16, {4, 6}), w = dev_->zeros(DType::kBF16, {8, 6});
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::matmul_forward(f32({4, 8}), x, f32({8, 6}), Tensor());
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("matmul_forward: argument 'weight' is f32 but must be bf16"));
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::matmul_forward(dev_->zeros(DType::kBF16, {4, 8}), x, w, Tensor());
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("matmul_forward: argument 'out' is bf16 but must be f32"));
+  ops::matmul_forward(f32({4, 8}), x, w, Tensor());  // and this one runs
+}
+
 TEST_F(OpsErrors, ElementwiseShapesAndDtypesMustMatch) {
   EXPECT_THAT(error_of([&] { ops::gelu_forward(f32({3}), f32({4})); }, ErrorCode::kInvalidArgument),
               HasSubstr("gelu_forward: argument 'inp' has shape [4] but 'out' has shape [3]"));

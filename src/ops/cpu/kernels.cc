@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cpu/gemm_bf16.h"
 #include "ops/cpu/vmath.h"
 
 namespace h2 {
@@ -83,6 +84,7 @@ class CpuKernels final : public Kernels {
       case Op::kGeluBackward:
       case Op::kResidualForward:
       case Op::kConvert:
+      case Op::kMatmulForward:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       default:
         return dtype == DType::kF32;
@@ -207,6 +209,11 @@ class CpuKernels final : public Kernels {
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), OC, C, 1.0f, inp, C, weight, C,
                 bias != nullptr ? 1.0f : 0.0f, out, OC);
+  }
+
+  void matmul_forward_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N, int C,
+                           int OC) const override {
+    gemm_bf16(out, inp, weight, bias, N, C, OC);
   }
 
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

@@ -42,7 +42,8 @@ class VariantKernels final : public Kernels {
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
                       int OC) const override {
     if (n_ == Numerics::kBf16Matmul) {
-      base_.matmul_forward(out, rounded(inp, N * C).data(), rounded(weight, int64_t{OC} * C).data(), bias, N, C, OC);
+      base_.matmul_forward_bf16(out, round_to_bf16(inp, N * C).data(), round_to_bf16(weight, int64_t{OC} * C).data(),
+                                bias, N, C, OC);
     } else if (n_ == Numerics::kBf16Accumulate) {
       for (int64_t r = 0; r < N; ++r) {
         for (int o = 0; o < OC; ++o) {
@@ -54,6 +55,10 @@ class VariantKernels final : public Kernels {
     } else {
       base_.matmul_forward(out, inp, weight, bias, N, C, OC);
     }
+  }
+  void matmul_forward_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N, int C,
+                           int OC) const override {
+    base_.matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int64_t N, int C, int OC) const override {

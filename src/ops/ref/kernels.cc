@@ -322,6 +322,7 @@ class RefKernels final : public Kernels {
       case Op::kGeluBackward:
       case Op::kResidualForward:
       case Op::kConvert:
+      case Op::kMatmulForward:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       default:
         return dtype == DType::kF32;
@@ -347,6 +348,11 @@ class RefKernels final : public Kernels {
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
                       int OC) const override {
     ref::matmul_forward(out, inp, weight, bias, N, C, OC);
+  }
+  // bf16 widens to f32 exactly; the reference then sums the products in f64.
+  void matmul_forward_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N, int C,
+                           int OC) const override {
+    ref::matmul_forward(out, widen_bf16(inp, N * C).data(), widen_bf16(weight, int64_t{OC} * C).data(), bias, N, C, OC);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int64_t N, int C, int OC) const override {
