@@ -201,18 +201,23 @@ double bisect(const std::function<double(double)>& f, double target, double lo, 
   return 0.5 * (lo + hi);
 }
 
+// The value in [lo, 1] of one of chip's efficiencies under which case c is predicted as measured, the rest held.
+double solve(const ChipType& chip, double ChipType::*efficiency, const Case& c, double lo) {
+  return bisect(
+      [&](double e) {
+        ChipType t = chip;
+        t.*efficiency = e;
+        return predict(c, t);
+      },
+      c.measured_s, lo, 1.0);
+}
+
 // The chip with its efficiencies fitted on `fit` (one or two cases of this chip).
 ChipType fitted(const ChipType& datasheet, std::vector<const Case*> fit) {
   ChipType chip = datasheet;
   if (fit.empty()) return chip;
   if (fit.size() == 1) {
-    chip.efficiency = bisect(
-        [&](double e) {
-          ChipType t = chip;
-          t.efficiency = e;
-          return predict(*fit[0], t);
-        },
-        fit[0]->measured_s, 0.02, 1.0);
+    chip.efficiency = solve(chip, &ChipType::efficiency, *fit[0], 0.02);
     return chip;
   }
   // Two parameters, each from the case whose time it weighs in the most: the attention core's share of a
@@ -225,20 +230,8 @@ ChipType fitted(const ChipType& datasheet, std::vector<const Case*> fit) {
   double moved = 1;
   for (int round = 0; round < 20 && moved > 1e-4; ++round) {  // until neither moves
     const ChipType before = chip;
-    chip.efficiency = bisect(
-        [&](double e) {
-          ChipType t = chip;
-          t.efficiency = e;
-          return predict(*fit[0], t);
-        },
-        fit[0]->measured_s, 0.02, 1.0);
-    chip.attention_efficiency = bisect(
-        [&](double e) {
-          ChipType t = chip;
-          t.attention_efficiency = e;
-          return predict(*fit[1], t);
-        },
-        fit[1]->measured_s, 0.01, 1.0);
+    chip.efficiency = solve(chip, &ChipType::efficiency, *fit[0], 0.02);
+    chip.attention_efficiency = solve(chip, &ChipType::attention_efficiency, *fit[1], 0.01);
     moved = std::max(std::abs(chip.efficiency - before.efficiency),
                      std::abs(chip.attention_efficiency - before.attention_efficiency));
   }

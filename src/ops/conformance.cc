@@ -142,9 +142,8 @@ const std::vector<OpCases>& op_cases() {
          }
          return cases;
        }},
-      // bf16: inp and weight in bf16, out and bias f32; odd C, a reduction of several 768-element blocks, and tails
-      // past
-      // the kernel's 8 x 48 tiles.
+      // bf16: inp and weight in bf16, out and bias f32; odd C, a reduction of several 768-element blocks, and
+      // tails past the kernel's 8 x 48 tiles.
       {Op::kMatmulForward,
        [](DType dtype) {
          std::vector<Case> cases;

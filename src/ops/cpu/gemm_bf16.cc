@@ -50,9 +50,13 @@ void tile(int pairs, const uint32_t* a, const uint32_t* b, const float* bias, bo
   for (int v = 0; v < kVectors; ++v) {
     const __m512 start = bias != nullptr ? _mm512_loadu_ps(bias + 16 * v) : _mm512_setzero_ps();
     for (int r = 0; r < kMr; ++r) {
-      acc[r][v] = accumulate && r < rows ? _mm512_maskz_loadu_ps(columns(v, cols), out + r * ldo + 16 * v)
-                  : accumulate           ? _mm512_setzero_ps()
-                                         : start;
+      if (!accumulate) {
+        acc[r][v] = start;
+      } else if (r < rows) {
+        acc[r][v] = _mm512_maskz_loadu_ps(columns(v, cols), out + r * ldo + 16 * v);
+      } else {
+        acc[r][v] = _mm512_setzero_ps();  // a padding row, never stored
+      }
     }
   }
   for (int p = 0; p < pairs; ++p) {
