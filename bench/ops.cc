@@ -1,7 +1,8 @@
 // bench_ops: every op of the cpu backend at GPT-2-small shapes (B=4, T=256, C=768, 12 heads, V=50257), each
 // beside a named alternative measured in the same run:
 //   - matmul (forward and backward) beside bare cblas_sgemm calls on the same shapes: GFLOP/s and ratio;
-//   - matmul forward with bf16 inputs (H2's own kernel: Debian's OpenBLAS has no bf16 GEMM) beside the same bare
+//   - matmul forward and backward with bf16 inputs (H2's own kernel: Debian's OpenBLAS has no bf16 GEMM) beside the
+//   same bare
 //     f32 sgemm (goal: 1.6x);
 //   - element-wise and row-wise ops beside memcpy moving the same number of bytes (read + written): GB/s, ratio;
 //   - two emu devices (speed 1.0 and 0.5) running the same op one at a time: their time ratio, target 2.0.
@@ -103,8 +104,13 @@ void matmul_table(Device& dev) {
     });
     std::printf("%-26s %16s %10.1f %10.1f %8.3f\n", (std::string(s.name) + " backward").c_str(), dims,
                 2 * flops / t_bop * 1e-9, 2 * flops / t_bbare * 1e-9, t_bbare / t_bop);
+    const double t_b16 = time_median([&] { ops::matmul_backward(dinp, dw, db, dout, inp16, w16); });
+    bf16_rows += format("%-26s %16s %10.1f %10.1f %8.3f\n", (std::string(s.name) + " backward").c_str(), dims,
+                        2 * flops / t_b16 * 1e-9, 2 * flops / t_bbare * 1e-9, t_bbare / t_b16);
   }
-  std::printf("\n## matmul forward in bf16 (bf16 inp and weight, f32 out) vs the bare f32 cblas_sgemm above\n");
+  std::printf(
+      "\n## matmul in bf16 (bf16 inp and weight; out, dout and the gradients f32) vs the bare f32 "
+      "cblas_sgemm above\n");
   std::printf("%-26s %16s %10s %10s %8s\n%s", "layer", "N x C -> OC", "bf16 GF/s", "sgemm GF/s", "ratio",
               bf16_rows.c_str());
 }

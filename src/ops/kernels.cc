@@ -80,6 +80,10 @@ void Kernels::matmul_backward(float*, float*, float*, const float*, const float*
                               int) const {
   H2_NOT_IMPLEMENTED(Op::kMatmulBackward);
 }
+void Kernels::matmul_backward_bf16(float*, float*, float*, const float*, const bf16_t*, const bf16_t*, int64_t, int,
+                                   int) const {
+  H2_NOT_IMPLEMENTED(Op::kMatmulBackward);
+}
 void Kernels::attention_forward(float*, float*, const float*, int, int, int, int) const {
   H2_NOT_IMPLEMENTED(Op::kAttentionForward);
 }

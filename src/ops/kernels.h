@@ -106,6 +106,10 @@ class Kernels {
   // dinp (N,C) = dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout (may be null).
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, int64_t N, int C, int OC) const;
+  // The same with inp and weight in bf16 (supports(kMatmulBackward, kBF16)) and dout in f32, rounded to bf16 (nearest
+  // even) for both products; products exact, summed in f32 or better. dbias sums dout as it is, in f32 or better.
+  virtual void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const bf16_t* inp,
+                                    const bf16_t* weight, int64_t N, int C, int OC) const;
   // Causal self-attention. qkv (B,T,3C) holds q, k, v side by side; out (B,T,C); att (B,NH,T,T) the softmax
   // probabilities, zero above the diagonal, saved for the backward pass.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) const;

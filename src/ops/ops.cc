@@ -270,10 +270,13 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
   Args a(Op::kMatmulBackward);
-  for (auto [t, name] :
-       {std::pair{&dinp, "dinp"}, {&dweight, "dweight"}, {&dout, "dout"}, {&inp, "inp"}, {&weight, "weight"}}) {
+  for (auto [t, name] : {std::pair{&dinp, "dinp"}, {&dweight, "dweight"}, {&dout, "dout"}}) {
     a.dtype(*t, name, DType::kF32);
   }
+  a.defined(inp, "inp");
+  const DType dtype = inp.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;  // of inp and weight
+  a.dtype(inp, "inp", dtype);
+  a.dtype(weight, "weight", dtype);
   const int64_t C = a.last_dim(inp, "inp");
   const int64_t OC = a.dim(weight, "weight", 2, 0);
   a.positive(C, "input channels C (inp's last dimension)");
@@ -292,10 +295,16 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   }
   Device& dev = a.device({&dinp, &dweight, &dbias, &dout, &inp, &weight});
   if (N == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
-    k.matmul_backward(dinp.data_as<float>(), dweight.data_as<float>(),
-                      dbias.defined() ? dbias.data_as<float>() : nullptr, dout.data_as<float>(), inp.data_as<float>(),
-                      weight.data_as<float>(), N, checked_int(a, C, "C"), checked_int(a, OC, "OC"));
+  float* db = dbias.defined() ? dbias.data_as<float>() : nullptr;
+  const int c = checked_int(a, C, "C"), oc = checked_int(a, OC, "OC");
+  run(dev, a.op(), dtype, [&](const Kernels& k) {
+    if (dtype == DType::kBF16) {
+      k.matmul_backward_bf16(dinp.data_as<float>(), dweight.data_as<float>(), db, dout.data_as<float>(),
+                             inp.data_as<bf16_t>(), weight.data_as<bf16_t>(), N, c, oc);
+    } else {
+      k.matmul_backward(dinp.data_as<float>(), dweight.data_as<float>(), db, dout.data_as<float>(),
+                        inp.data_as<float>(), weight.data_as<float>(), N, c, oc);
+    }
   });
 }
 

@@ -49,6 +49,20 @@ TEST_F(OpsErrors, MatmulInBf16NeedsBothOperandsInBf16AndAnF32Output) {
                   ErrorCode::kInvalidArgument),
               HasSubstr("matmul_forward: argument 'out' is bf16 but must be f32"));
   ops::matmul_forward(f32({4, 8}), x, w, Tensor());  // and this one runs
+  // Backward: inp and weight in one precision, dout and the gradients f32.
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::matmul_backward(f32({4, 6}), f32({8, 6}), Tensor(), f32({4, 8}), x, f32({8, 6}));
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("matmul_backward: argument 'weight' is f32 but must be bf16"));
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::matmul_backward(f32({4, 6}), f32({8, 6}), Tensor(), dev_->zeros(DType::kBF16, {4, 8}), x, w);
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("matmul_backward: argument 'dout' is bf16 but must be f32"));
+  ops::matmul_backward(f32({4, 6}), f32({8, 6}), f32({8}), f32({4, 8}), x, w);
 }
 
 TEST_F(OpsErrors, ElementwiseShapesAndDtypesMustMatch) {

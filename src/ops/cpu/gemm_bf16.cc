@@ -1,15 +1,16 @@
-// The bf16 matrix product (gemm_bf16.h).
+// The bf16 matrix products (gemm_bf16.h).
 //
 // Layout of the AVX512-BF16 path. vdpbf16ps multiplies 32 bf16 pairs and adds each lane's two products to one of
-// 16 f32 lanes, so the reduction dimension C is taken two at a time ("pairs", packed as one 32-bit word):
-//   - the output channels go in blocks of kNc = 384 (eight panels of kNr = 48) and the pairs in stretches of
-//     kKc = 384 (0.6 MB of packed weight, within a 1 MiB L2): the threads pack a block's panels, [pairs][48
-//     channels] words each, so a pair step loads three vectors of 16 channels, then split its row blocks, each
-//     tile adding the stretch's products onto what the earlier stretches left in out;
-//   - inp is packed once, in blocks of kMr = 8 rows: [C/2 pairs][8 rows] words, each row's pair broadcast to all
-//     lanes;
-//   - the kernel keeps an 8 x 48 tile of out in 24 registers, starting from the bias.
-// Only one block of the weight is packed at a time, so a large one (the 50,257-row head) costs no copy of itself.
+// 16 f32 lanes, so the reduction dimension K is taken two at a time ("pairs", packed as one 32-bit word):
+//   - the rows of out go in chunks of kMc = 4096, the pairs in stretches of kKc = 384: the threads pack the
+//     chunk's stretch of a once, in blocks of kMr = 8 rows ([pairs][8 rows] words, each row's pair broadcast to
+//     all lanes; at most 6 MB), so a large a (the head's 50,257-column logits gradient) is never copied whole;
+//   - for each stretch the columns of out go in blocks of kNc = 384, eight panels of kNr = 48: the threads pack a
+//     block's panels of b, [pairs][48 columns] words each (0.6 MB, within a 1 MiB L2), so a pair step loads three
+//     vectors of 16 columns, then split the row blocks, each tile adding the stretch's products onto what the
+//     earlier stretches left in out;
+//   - the kernel keeps an 8 x 48 tile of out in 24 registers, starting from the bias (or from out).
+// Operands are read through their strides, so the backward pass's transposed products pack the same way.
 #include "ops/cpu/gemm_bf16.h"
 
 #include <algorithm>
@@ -24,17 +25,23 @@
 #endif
 
 namespace h2 {
-
-#if defined(__AVX512BF16__)
 namespace {
 
-constexpr int kMr = 8, kNr = 48, kVectors = kNr / 16, kNc = 384, kKc = 384;
+inline bf16_t as_bf16(bf16_t x) { return x; }
+inline bf16_t as_bf16(float x) { return f32_to_bf16(x); }
 
-// The pair (x[2p], x[2p + 1]) as one word, zero past the end of a row of n elements.
-uint32_t pair_of(const bf16_t* x, int p, int n) {
-  const uint32_t lo = x[2 * p], hi = 2 * p + 1 < n ? x[2 * p + 1] : 0;
+// Row i's pair (k = 2p, 2p + 1) of an operand as one word, zero past the end of the row of K elements.
+template <typename T>
+uint32_t pair_at(MatrixView<T> m, int64_t i, int64_t p, int64_t K) {
+  const T* x = m.data + i * m.row + 2 * p * m.col;
+  const uint32_t lo = as_bf16(x[0]), hi = 2 * p + 1 < K ? as_bf16(x[m.col]) : 0;
   return lo | (hi << 16);
 }
+
+#if defined(__AVX512BF16__)
+
+constexpr int kMr = 8, kNr = 48, kVectors = kNr / 16, kNc = 384, kKc = 384;
+constexpr int64_t kMc = 4096;
 
 // The lanes of the tile's v-th vector of columns that hold one of its `cols` columns.
 __mmask16 columns(int v, int cols) {
@@ -43,7 +50,7 @@ __mmask16 columns(int v, int cols) {
 }
 
 // out[rows, cols] (leading dimension ldo) = the packed rows a times the packed panel b, over `pairs` pairs, plus
-// what out holds (accumulate: a later stretch of pairs) or else the bias (kNr, or null).
+// what out holds (accumulate) or else the bias (kNr, or null).
 void tile(int pairs, const uint32_t* a, const uint32_t* b, const float* bias, bool accumulate, float* out, int64_t ldo,
           int rows, int cols) {
   __m512 acc[kMr][kVectors];
@@ -84,56 +91,63 @@ Words aligned_words(size_t n, const char* what) {
   return w;
 }
 
-}  // namespace
-
-void gemm_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N, int C, int OC) {
-  if (N == 0 || OC == 0) return;
+template <typename TA>
+void gemm(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias, bool accumulate, int64_t M, int64_t K,
+          int64_t N) {
   constexpr int kBlockPanels = kNc / kNr;
-  const int pairs = (C + 1) / 2, panels = (OC + kNr - 1) / kNr;
-  const size_t panel_words = static_cast<size_t>(std::min(pairs, kKc)) * kNr;
-  const Words packed = aligned_words(kBlockPanels * panel_words, "a block of a bf16 weight");
-  uint32_t* b = packed.get();
-  std::vector<float> padded_bias;  // the bias with the last panel's channels past OC as zeros
-  if (bias != nullptr) {
-    padded_bias.assign(static_cast<size_t>(panels) * kNr, 0.0f);
-    std::copy(bias, bias + OC, padded_bias.begin());
+  const MatrixView<bf16_t> bt{b.data, b.col, b.row};  // b's columns as rows, for pair_at
+  const int64_t pairs = (K + 1) / 2, panels = (N + kNr - 1) / kNr;
+  const int64_t kc_max = std::min<int64_t>(pairs, kKc);
+  const Words packed_b = aligned_words(static_cast<size_t>(kBlockPanels * kc_max * kNr), "a block of a bf16 operand");
+  const int64_t blocks_max = (std::min(M, kMc) + kMr - 1) / kMr;
+  const Words packed_a = aligned_words(static_cast<size_t>(blocks_max * kc_max * kMr), "rows of a bf16 operand");
+  std::vector<float> padded_bias;  // the bias with the last panel's columns past N as zeros
+  if (bias != nullptr && !accumulate) {
+    padded_bias.assign(static_cast<size_t>(panels * kNr), 0.0f);
+    std::copy(bias, bias + N, padded_bias.begin());
   }
-  const int64_t blocks = (N + kMr - 1) / kMr;
-  const size_t block_words = static_cast<size_t>(pairs) * kMr;
-  const Words packed_inp = aligned_words(static_cast<size_t>(blocks) * block_words, "a bf16 input");
 #pragma omp parallel
-  {
+  for (int64_t m0 = 0; m0 < M; m0 += kMc) {
+    const int64_t chunk_rows = std::min(kMc, M - m0), blocks = (chunk_rows + kMr - 1) / kMr;
+    for (int64_t k0 = 0; k0 < pairs; k0 += kKc) {
+      const int kc = static_cast<int>(std::min<int64_t>(kKc, pairs - k0));
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < blocks; ++i) {
-      uint32_t* a = packed_inp.get() + i * block_words;
-      const int rows = static_cast<int>(std::min<int64_t>(kMr, N - i * kMr));
-      for (int r = 0; r < kMr; ++r) {
-        const bf16_t* x = inp + (i * kMr + r) * C;
-        for (int p = 0; p < pairs; ++p) a[p * kMr + r] = r < rows ? pair_of(x, p, C) : 0;
-      }
-    }
-    for (int j0 = 0; j0 < panels; j0 += kBlockPanels) {
-      const int block_panels = std::min(kBlockPanels, panels - j0);
-      for (int k0 = 0; k0 < pairs; k0 += kKc) {
-        const int kc = std::min(kKc, pairs - k0);
+      for (int64_t i = 0; i < blocks; ++i) {
+        uint32_t* words = packed_a.get() + i * kc_max * kMr;
+        for (int p = 0; p < kc; ++p) {
+          for (int r = 0; r < kMr; ++r) {
+            const int64_t row = m0 + i * kMr + r;
+            words[p * kMr + r] = row < M ? pair_at(a, row, k0 + p, K) : 0;
+          }
+        }
+      }  // the implicit barrier: the stretch of a is packed
+      for (int64_t j0 = 0; j0 < panels; j0 += kBlockPanels) {
+        const int block_panels = static_cast<int>(std::min<int64_t>(kBlockPanels, panels - j0));
 #pragma omp for schedule(static)
         for (int j = 0; j < block_panels; ++j) {
-          uint32_t* panel = b + j * panel_words;
-          for (int c = 0; c < kNr; ++c) {
-            const int o = (j0 + j) * kNr + c;
+          uint32_t* panel = packed_b.get() + j * kc_max * kNr;
+          const auto pack = [&](int p, int c) {
+            const int64_t col = (j0 + j) * kNr + c;
+            panel[p * kNr + c] = col < N ? pair_at(bt, col, k0 + p, K) : 0;
+          };
+          if (b.row == 1) {  // a column's pairs are adjacent in memory
+            for (int c = 0; c < kNr; ++c) {
+              for (int p = 0; p < kc; ++p) pack(p, c);
+            }
+          } else {  // a pair's columns are
             for (int p = 0; p < kc; ++p) {
-              panel[p * kNr + c] = o < OC ? pair_of(weight + int64_t{o} * C, k0 + p, C) : 0;
+              for (int c = 0; c < kNr; ++c) pack(p, c);
             }
           }
         }  // the implicit barrier: the block is packed
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < blocks; ++i) {
-          const int rows = static_cast<int>(std::min<int64_t>(kMr, N - i * kMr));
+          const int rows = static_cast<int>(std::min<int64_t>(kMr, chunk_rows - i * kMr));
           for (int j = 0; j < block_panels; ++j) {
-            const int first = (j0 + j) * kNr;
-            tile(kc, packed_inp.get() + i * block_words + k0 * kMr, b + j * panel_words,
-                 bias != nullptr ? padded_bias.data() + first : nullptr, k0 > 0, out + i * kMr * OC + first, OC, rows,
-                 std::min(kNr, OC - first));
+            const int64_t first = (j0 + j) * kNr;
+            tile(kc, packed_a.get() + i * kc_max * kMr, packed_b.get() + j * kc_max * kNr,
+                 padded_bias.empty() ? nullptr : padded_bias.data() + first, accumulate || k0 > 0,
+                 out + (m0 + i * kMr) * N + first, N, rows, static_cast<int>(std::min<int64_t>(kNr, N - first)));
           }
         }  // the implicit barrier: no thread still reads the block
       }
@@ -143,17 +157,44 @@ void gemm_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float*
 
 #else  // no AVX512-BF16: the same sums, in a plain loop
 
-void gemm_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N, int C, int OC) {
+template <typename TA>
+void gemm(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias, bool accumulate, int64_t M, int64_t K,
+          int64_t N) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    for (int o = 0; o < OC; ++o) {
-      float acc = bias != nullptr ? bias[o] : 0.0f;
-      for (int c = 0; c < C; ++c) acc += bf16_to_f32(inp[n * C + c]) * bf16_to_f32(weight[int64_t{o} * C + c]);
-      out[n * OC + o] = acc;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = accumulate ? out[m * N + n] : bias != nullptr ? bias[n] : 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        acc += bf16_to_f32(as_bf16(a.data[m * a.row + k * a.col])) * bf16_to_f32(b.data[k * b.row + n * b.col]);
+      }
+      out[m * N + n] = acc;
     }
   }
 }
 
 #endif
+
+// With nothing to sum, out is the bias (or zero), or unchanged.
+template <typename TA>
+void gemm_or_fill(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias, bool accumulate, int64_t M,
+                  int64_t K, int64_t N) {
+  if (M == 0 || N == 0 || (K == 0 && accumulate)) return;
+  if (K > 0) return gemm(out, a, b, bias, accumulate, M, K, N);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias != nullptr ? bias[n] : 0.0f;
+  }
+}
+
+}  // namespace
+
+void gemm_bf16(float* out, MatrixView<bf16_t> a, MatrixView<bf16_t> b, const float* bias, bool accumulate, int64_t M,
+               int64_t K, int64_t N) {
+  gemm_or_fill(out, a, b, bias, accumulate, M, K, N);
+}
+
+void gemm_bf16(float* out, MatrixView<float> a, MatrixView<bf16_t> b, const float* bias, bool accumulate, int64_t M,
+               int64_t K, int64_t N) {
+  gemm_or_fill(out, a, b, bias, accumulate, M, K, N);
+}
 
 }  // namespace h2

@@ -85,6 +85,7 @@ class CpuKernels final : public Kernels {
       case Op::kResidualForward:
       case Op::kConvert:
       case Op::kMatmulForward:
+      case Op::kMatmulBackward:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       default:
         return dtype == DType::kF32;
@@ -211,9 +212,10 @@ class CpuKernels final : public Kernels {
                 bias != nullptr ? 1.0f : 0.0f, out, OC);
   }
 
+  // out (N,OC) = inp (N,C) @ weight^T: weight read as (C,OC) through its strides.
   void matmul_forward_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N, int C,
                            int OC) const override {
-    gemm_bf16(out, inp, weight, bias, N, C, OC);
+    gemm_bf16(out, {inp, C, 1}, {weight, 1, C}, bias, false, N, C, OC);
   }
 
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -224,8 +226,19 @@ class CpuKernels final : public Kernels {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
     // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, n, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-    if (dbias == nullptr) return;
-      // Column sums: threads split the columns so each owns its slice of dbias.
+    if (dbias != nullptr) column_sums(dbias, dout, N, OC);
+  }
+
+  void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const bf16_t* inp,
+                            const bf16_t* weight, int64_t N, int C, int OC) const override {
+    if (N == 0) return;
+    gemm_bf16(dinp, {dout, OC, 1}, {weight, C, 1}, nullptr, false, N, OC, C);  // dinp (N,C) = dout @ weight
+    gemm_bf16(dweight, {dout, 1, OC}, {inp, C, 1}, nullptr, true, OC, N, C);   // dweight (OC,C) += dout^T @ inp
+    if (dbias != nullptr) column_sums(dbias, dout, N, OC);
+  }
+
+  // dbias (OC) += the column sums of dout (N,OC). The threads split the columns so each owns its slice of dbias.
+  static void column_sums(float* dbias, const float* dout, int64_t N, int OC) {
 #pragma omp parallel
     {
       const int threads = omp_get_num_threads(), id = omp_get_thread_num();

@@ -69,6 +69,10 @@ class VariantKernels final : public Kernels {
       base_.matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
     }
   }
+  void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const bf16_t* inp,
+                            const bf16_t* weight, int64_t N, int C, int OC) const override {
+    base_.matmul_backward_bf16(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) const override {
     if (n_ != Numerics::kSoftmaxWithoutMax) return base_.attention_forward(out, att, qkv, B, T, C, NH);
     const int hs = C / NH;

@@ -323,6 +323,7 @@ class RefKernels final : public Kernels {
       case Op::kResidualForward:
       case Op::kConvert:
       case Op::kMatmulForward:
+      case Op::kMatmulBackward:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       default:
         return dtype == DType::kF32;
@@ -357,6 +358,18 @@ class RefKernels final : public Kernels {
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int64_t N, int C, int OC) const override {
     ref::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  }
+  void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const bf16_t* inp,
+                            const bf16_t* weight, int64_t N, int C, int OC) const override {
+    const std::vector<float> rounded = widen_bf16(round_to_bf16(dout, N * OC).data(), N * OC);
+    ref::matmul_backward(dinp, dweight, static_cast<float*>(nullptr), rounded.data(), widen_bf16(inp, N * C).data(),
+                         widen_bf16(weight, int64_t{OC} * C).data(), N, C, OC);
+    if (dbias == nullptr) return;
+    for (int o = 0; o < OC; ++o) {
+      double acc = 0.0;
+      for (int64_t n = 0; n < N; ++n) acc += dout[n * OC + o];
+      dbias[o] = static_cast<float>(dbias[o] + acc);
+    }
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) const override {
     ref::attention_forward(out, att, qkv, B, T, C, NH);
