@@ -24,7 +24,9 @@ h2, pt = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 print(f"{'system':<22}{'s/step':>10}{'tokens/s':>12}")
 for r in (h2, pt):
     print(f"{r['system']:<22}{r['seconds_per_step']:>10.3f}{r['tokens_per_s']:>12.0f}")
+print(f"{'h2 bf16':<22}{h2['bf16_seconds_per_step']:>10.3f}{h2['bf16_tokens_per_s']:>12.0f}")
 print(f"h2 / pytorch throughput: {h2['tokens_per_s'] / pt['tokens_per_s']:.2f}x (goal >= 1.2x)")
+print(f"h2 bf16 / h2 f32 throughput: {h2['bf16_tokens_per_s'] / h2['tokens_per_s']:.2f}x (goal >= 1.3x)")
 print(f"h2 MFU vs bare sgemm measured in this run: {100 * h2['gflops'] / h2['sgemm_gflops']:.1f}% "
       f"({h2['gflops']:.0f} of {h2['sgemm_gflops']:.0f} GFLOP/s)")
 PY

@@ -1,6 +1,7 @@
 // bench_train_step: tokens/s of one full training step (forward, loss, backward, AdamW) of a GPT-2-shaped
-// model on the cpu backend, and the model FLOP utilisation against bare cblas_sgemm measured in the same
-// run. bench/run_train_step.sh runs it beside the same model and batch in PyTorch (train_step_torch.py).
+// model on the cpu backend, in f32 and in bf16 (the two steps alternate, so both see the same machine), and the
+// f32 step's model FLOP utilisation against bare cblas_sgemm measured in the same run. bench/run_train_step.sh
+// runs it beside the same model and batch in PyTorch (train_step_torch.py, f32).
 // Usage: bench_train_step [--layers L] [--embd C] [--heads NH] [--batch B] [--seq T] [--steps N]
 // Prints a human line on stderr and one JSON line on stdout.
 #include <cblas.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,10 +63,20 @@ int main(int argc, char** argv) {
   using namespace h2;
   const GptConfig config{layers, heads, embd, 50257, 1024};
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
-  Gpt model(config, *dev, GptRange::whole(config), B, T);
-  model.init(1);
-  const OptimizerState optimizer{dev->zeros(DType::kF32, {model.num_params()}),
-                                 dev->zeros(DType::kF32, {model.num_params()})};
+  struct Run {
+    Gpt model;
+    OptimizerState optimizer;
+    std::vector<double> times;
+  };
+  std::vector<std::unique_ptr<Run>> runs;
+  for (Precision p : {Precision::kF32, Precision::kBf16}) {
+    runs.push_back(std::make_unique<Run>(Gpt(config, *dev, GptRange::whole(config), B, T, {}, {.precision = p}),
+                                         OptimizerState{}, std::vector<double>{}));
+    Run& r = *runs.back();
+    r.model.init(1);
+    r.optimizer = {dev->zeros(DType::kF32, {r.model.num_params()}), dev->zeros(DType::kF32, {r.model.num_params()})};
+  }
+  Gpt& model = runs[0]->model;
   Tensor tokens = dev->empty(DType::kI32, {B, T}), targets = dev->empty(DType::kI32, {B, T});
   Tensor acc = dev->zeros(DType::kF32, {1});
   Rng rng(3);
@@ -72,21 +84,23 @@ int main(int argc, char** argv) {
     tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(50257));
     targets.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(50257));
   }
-  auto step = [&](int64_t t) {
-    model.zero_grads();
-    model.forward(tokens);
-    model.loss(targets);
-    model.backward();
-    optimizer_step(model, optimizer, AdamwParams{.lr = 1e-4f, .weight_decay = 0.1f, .step = t}, acc, {.max_norm = 0});
+  auto step = [&](Run& r, int64_t t) {
+    r.model.zero_grads();
+    r.model.forward(tokens);
+    r.model.loss(targets);
+    r.model.backward();
+    optimizer_step(r.model, r.optimizer, AdamwParams{.lr = 1e-4f, .weight_decay = 0.1f, .step = t}, acc,
+                   {.max_norm = 0});
   };
-  step(1);  // warm-up
-  std::vector<double> times;
+  for (auto& r : runs) step(*r, 1);  // warm-up
   for (int i = 0; i < steps; ++i) {
-    const double t0 = h2::monotonic_seconds();
-    step(i + 2);
-    times.push_back(h2::monotonic_seconds() - t0);
+    for (auto& r : runs) {
+      const double t0 = h2::monotonic_seconds();
+      step(*r, i + 2);
+      r->times.push_back(h2::monotonic_seconds() - t0);
+    }
   }
-  const double t_step = h2::median(times);
+  const double t_step = h2::median(runs[0]->times), t_bf16 = h2::median(runs[1]->times);
   const TransformerShape s = config.shape();
   // Training FLOPs: forward + backward (2x forward) of every layer and of the head.
   const double flops = 3.0 * B * (static_cast<double>(layers) * layer_forward_flops(s, T) + head_forward_flops(s, T));
@@ -97,9 +111,11 @@ int main(int argc, char** argv) {
                "sgemm %.1f GFLOP/s, MFU %.1f%% (OpenBLAS kernel %s, %d threads)\n",
                layers, embd, B, T, static_cast<long long>(model.num_params()), t_step, tok_s, achieved, peak,
                100.0 * achieved / peak, openblas_get_corename(), omp_get_max_threads());
+  std::fprintf(stderr, "h2 cpu bf16: %.3f s/step, %.0f tok/s, %.2fx the f32 step\n", t_bf16, B * T / t_bf16,
+               t_step / t_bf16);
   std::printf(
       "{\"system\": \"h2\", \"seconds_per_step\": %.6f, \"tokens_per_s\": %.2f, \"gflops\": %.2f, "
-      "\"sgemm_gflops\": %.2f, \"params\": %lld}\n",
-      t_step, tok_s, achieved, peak, static_cast<long long>(model.num_params()));
+      "\"sgemm_gflops\": %.2f, \"params\": %lld, \"bf16_seconds_per_step\": %.6f, \"bf16_tokens_per_s\": %.2f}\n",
+      t_step, tok_s, achieved, peak, static_cast<long long>(model.num_params()), t_bf16, B * T / t_bf16);
   return 0;
 }

@@ -128,18 +128,21 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   if (policy_.slots < 1) throw Error(ErrorCode::kInvalidArgument, cat("model: ", policy_.slots, " activation slots"));
   // What the model will allocate (costs.h counts it exactly), checked before any of it is: a model far past the
   // device's memory is an error naming the sizes, not an allocation that exhausts the host on the way.
-  const StageMemory need = stage_memory({.shape = config.shape(),
-                                         .embedding = range.embedding,
-                                         .head = range.head,
-                                         .layers = range.end_block - range.first_block,
-                                         .rows = B,
-                                         .seq = T,
-                                         .tp = tp_.size,
-                                         .tp_rank = tp_.rank,
-                                         .recompute = policy_.recompute,
-                                         .in_flight = policy_.slots});
+  const StageMemorySpec spec{.shape = config.shape(),
+                             .embedding = range.embedding,
+                             .head = range.head,
+                             .layers = range.end_block - range.first_block,
+                             .rows = B,
+                             .seq = T,
+                             .tp = tp_.size,
+                             .tp_rank = tp_.rank,
+                             .recompute = policy_.recompute,
+                             .in_flight = policy_.slots,
+                             .bytes = ElementBytes::of(policy_.precision)};
+  const StageMemory need = stage_memory(spec);
+  const double master = static_cast<double>(stage_params(spec)) * spec.bytes.master;  // the optimizer's, held here
   const double bytes =
-      need.weights + need.grads + policy_.slots * need.activations + need.recompute + need.grad_scratch;
+      need.weights + master + need.grads + policy_.slots * need.activations + need.recompute + need.grad_scratch;
   const double free =
       static_cast<double>(device.props().mem_capacity_bytes) - static_cast<double>(device.mem_used_bytes());
   if (device.props().mem_capacity_bytes > 0 && bytes > free) {
@@ -187,6 +190,10 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
     return delta;
   };
   flat_params_ = device.empty(DType::kF32, {total});
+  if (bf16()) {  // the f32 parameters are the optimizer's master copy; the weights the products read are bf16
+    allocated_.optimizer = measured();
+    flat_low_ = device.empty(DType::kBF16, {total});
+  }
   allocated_.weights = measured();
   flat_grads_ = device.zeros(DType::kF32, {total});
   allocated_.grads = measured();
@@ -221,13 +228,14 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
 
   // What recomputation writes into, shared by every block and slot (model/costs.h counts the same tensors).
   auto f32 = [&](Shape s) { return device.empty(DType::kF32, s); };
+  auto in = [&](Shape s) { return device.empty(bf16() ? DType::kBF16 : DType::kF32, s); };  // a product's input
   const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = int64_t{B} * T;
   if (!blocks_.empty() && policy_.recompute == Recompute::kSelective) shared_.att = f32({B, NH, T, T});
   if (!blocks_.empty() && policy_.recompute == Recompute::kFull) {
     shared_ =
-        BlockActs{f32({B, T, C}),     f32({bt}),           f32({bt}),           f32({B, T, 3 * Cs}), f32({B, T, Cs}),
-                  f32({B, NH, T, T}), f32({B, T, C}),      f32({B, T, C}),      f32({B, T, C}),      f32({bt}),
-                  f32({bt}),          f32({B, T, 4 * Cs}), f32({B, T, 4 * Cs}), f32({B, T, C}),      Tensor()};
+        BlockActs{in({B, T, C}),      f32({bt}),           f32({bt}),          f32({B, T, 3 * Cs}), in({B, T, Cs}),
+                  f32({B, NH, T, T}), f32({B, T, C}),      f32({B, T, C}),     in({B, T, C}),       f32({bt}),
+                  f32({bt}),          f32({B, T, 4 * Cs}), in({B, T, 4 * Cs}), f32({B, T, C}),      Tensor()};
   }
   allocated_.recompute = measured();
   for (int i = 0; i < policy_.slots; ++i) slots_.push_back(allocate_activations());
@@ -259,6 +267,7 @@ Gpt::Activations Gpt::allocate_activations() {
   const int64_t B = B_, T = T_, C = config_.n_embd;
   const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = B * T;
   auto f32 = [&](Shape s) { return device_->empty(DType::kF32, s); };
+  auto in = [&](Shape s) { return device_->empty(bf16() ? DType::kBF16 : DType::kF32, s); };  // a product's input
   Activations a;
   if (range_.embedding) a.encoded = f32({B, T, C});
   for (size_t b = 0; b < blocks_.size(); ++b) {
@@ -268,13 +277,13 @@ Gpt::Activations Gpt::allocate_activations() {
       a.blocks.push_back(acts);
       continue;
     }
-    a.blocks.push_back({f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * Cs}), f32({B, T, Cs}),
+    a.blocks.push_back({in({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * Cs}), in({B, T, Cs}),
                         policy_.recompute == Recompute::kSelective ? shared_.att : f32({B, NH, T, T}), f32({B, T, C}),
-                        f32({B, T, C}), f32({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * Cs}), f32({B, T, 4 * Cs}),
+                        f32({B, T, C}), in({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * Cs}), in({B, T, 4 * Cs}),
                         f32({B, T, C}), f32({B, T, C})});
   }
   if (range_.head) {
-    a.lnf = f32({B, T, C});
+    a.lnf = in({B, T, C});
     a.lnf_mean = f32({bt});
     a.lnf_rstd = f32({bt});
     a.logits = f32({B, T, vocab_.count});
@@ -305,6 +314,7 @@ void Gpt::init(uint64_t seed) {
             [&](int64_t full, int64_t mine, int64_t n) { std::copy_n(host.begin() + full, n, shard.begin() + mine); });
     copy_from_host(p.value, shard.data());
   }
+  parameters_changed();
 }
 
 void Gpt::zero_grads() { device_->fill_zero(flat_grads_.data(), flat_grads_.bytes()); }
@@ -328,24 +338,33 @@ const Tensor& Gpt::dinput() const {
 void Gpt::block_forward(int b, const Tensor& x) {
   const BlockParams& w = blocks_[static_cast<size_t>(b)];
   const BlockActs& a = acts().blocks[static_cast<size_t>(b)];
-  ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b);
-  ops::matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b);
-  ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
+  // In bf16 the products' inputs are made in the gradient buffers of their shapes, unused until backward (and
+  // free at the start of a block's backward, where kFull recomputes this).
+  produce(a.ln1, g_tmp_,
+          [&](const Tensor& o) { ops::layernorm_forward(o, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b); });
+  ops::matmul_forward(a.qkv, a.ln1, low(w.qkv_w), w.qkv_b);
+  produce(a.atty, g_atty_,
+          [&](const Tensor& o) { ops::attention_forward(o, a.att, a.qkv, config_.n_head / tp_.size); });
   // Row-parallel: each rank's partial product, summed over the ranks; one of them adds the bias.
   const bool bias_here = tp_.rank == 0;
-  ops::matmul_forward(a.attproj, a.atty, w.proj_w, bias_here ? w.proj_b : Tensor());
+  ops::matmul_forward(a.attproj, a.atty, low(w.proj_w), bias_here ? w.proj_b : Tensor());
   if (tp_.size > 1) tp_.all_reduce(a.attproj);
   ops::residual_forward(a.res2, x, a.attproj);
-  ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b);
-  ops::matmul_forward(a.fch, a.ln2, w.fc_w, w.fc_b);
-  ops::gelu_forward(a.fch_gelu, a.fch);
-  ops::matmul_forward(a.fcproj, a.fch_gelu, w.fcproj_w, bias_here ? w.fcproj_b : Tensor());
+  produce(a.ln2, g_tmp_,
+          [&](const Tensor& o) { ops::layernorm_forward(o, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b); });
+  ops::matmul_forward(a.fch, a.ln2, low(w.fc_w), w.fc_b);
+  produce(a.fch_gelu, g_fch_gelu_, [&](const Tensor& o) { ops::gelu_forward(o, a.fch); });
+  ops::matmul_forward(a.fcproj, a.fch_gelu, low(w.fcproj_w), bias_here ? w.fcproj_b : Tensor());
   if (tp_.size > 1) tp_.all_reduce(a.fcproj);
   ops::residual_forward(a.res3, a.res2, a.fcproj);
 }
 
 void Gpt::forward(const Tensor& input) {
   Activations& a = acts();
+  if (bf16() && !low_current_) {
+    ops::convert(flat_low_, flat_params_);
+    low_current_ = true;
+  }
   const Tensor* x = nullptr;
   if (range_.embedding) {
     if (input.dtype() != DType::kI32 || !(input.shape() == Shape{B_, T_})) {
@@ -371,8 +390,9 @@ void Gpt::forward(const Tensor& input) {
     x = &a.blocks[b].res3;
   }
   if (range_.head) {
-    ops::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, *x, lnf_w_, lnf_b_);
-    ops::matmul_forward(a.logits, a.lnf, wte_, Tensor());  // tied head: logits = ln_f(x) @ wte^T, this rank's rows
+    produce(a.lnf, g_lnf_,
+            [&](const Tensor& o) { ops::layernorm_forward(o, a.lnf_mean, a.lnf_rstd, *x, lnf_w_, lnf_b_); });
+    ops::matmul_forward(a.logits, a.lnf, low(wte_), Tensor());  // tied head: logits = ln_f(x) @ wte^T, this rank's rows
   }
 }
 
@@ -469,7 +489,8 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
     if (policy_.recompute == Recompute::kFull) {
       block_forward(b, x);
     } else {
-      ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
+      produce(a.atty, g_atty_,
+              [&](const Tensor& o) { ops::attention_forward(o, a.att, a.qkv, config_.n_head / tp_.size); });
     }
     device_->synchronize();
     recompute_s_ += monotonic_seconds() - start;
@@ -477,16 +498,16 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
   }
   auto g = [&](const Tensor& value) { return grad_of(value); };
   // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))).
-  ops::matmul_backward(g_fch_gelu_, g(w.fcproj_w), g(w.fcproj_b), dout, a.fch_gelu, w.fcproj_w);
+  ops::matmul_backward(g_fch_gelu_, g(w.fcproj_w), g(w.fcproj_b), dout, a.fch_gelu, low(w.fcproj_w));
   ops::gelu_backward(g_fch_, a.fch, g_fch_gelu_);
-  ops::matmul_backward(g_ln_, g(w.fc_w), g(w.fc_b), g_fch_, a.ln2, w.fc_w);
+  ops::matmul_backward(g_ln_, g(w.fc_w), g(w.fc_b), g_fch_, a.ln2, low(w.fc_w));
   if (tp_.size > 1) tp_.all_reduce(g_ln_);  // column-parallel: each rank's part of the input gradient
   ops::layernorm_backward(g_tmp_, g(w.ln2_w), g(w.ln2_b), g_ln_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
   ops::residual_forward(g_res2_, dout, g_tmp_);  // the residual path and the MLP path both reach res2
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x)))).
-  ops::matmul_backward(g_atty_, g(w.proj_w), g(w.proj_b), g_res2_, a.atty, w.proj_w);
+  ops::matmul_backward(g_atty_, g(w.proj_w), g(w.proj_b), g_res2_, a.atty, low(w.proj_w));
   ops::attention_backward(g_qkv_, g_atty_, a.qkv, a.att, config_.n_head / tp_.size);
-  ops::matmul_backward(g_ln_, g(w.qkv_w), g(w.qkv_b), g_qkv_, a.ln1, w.qkv_w);
+  ops::matmul_backward(g_ln_, g(w.qkv_w), g(w.qkv_b), g_qkv_, a.ln1, low(w.qkv_w));
   if (tp_.size > 1) tp_.all_reduce(g_ln_);
   ops::layernorm_backward(g_tmp_, g(w.ln1_w), g(w.ln1_b), g_ln_, x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
   ops::residual_forward(dx, g_res2_, g_tmp_);
@@ -501,7 +522,7 @@ void Gpt::backward(const Tensor& dout) {
   const Tensor& last_out = n > 0 ? a.blocks.back().res3 : input;
   if (range_.head) {
     // Vocabulary-parallel: each rank's columns give part of the input gradient; the group sums them.
-    ops::matmul_backward(g_lnf_, grad_of(wte_), Tensor(), a.logits, a.lnf, wte_);
+    ops::matmul_backward(g_lnf_, grad_of(wte_), Tensor(), a.logits, a.lnf, low(wte_));
     if (tp_.size > 1) tp_.all_reduce(g_lnf_);
     ops::layernorm_backward(cur, grad_of(lnf_w_), grad_of(lnf_b_), g_lnf_, last_out, lnf_w_, a.lnf_mean, a.lnf_rstd);
   } else {
@@ -528,6 +549,18 @@ Tensor Gpt::grad_of(const Tensor& value) const {
   const int64_t offset = (value.data_as<float>() - flat_params_.data_as<float>());
   H2_CHECK(offset >= 0 && offset + value.numel() <= flat_params_.numel()) << "not a parameter of this model";
   return flat_grads_.slice(offset, offset + value.numel()).reshape(value.shape());
+}
+
+Tensor Gpt::low(const Tensor& value) const {
+  if (!bf16()) return value;
+  const int64_t offset = (value.data_as<float>() - flat_params_.data_as<float>());
+  return flat_low_.slice(offset, offset + value.numel()).reshape(value.shape());
+}
+
+void Gpt::produce(const Tensor& act, const Tensor& stage, const std::function<void(const Tensor&)>& make) {
+  if (!bf16()) return make(act);
+  make(stage);
+  ops::convert(act, stage);
 }
 
 }  // namespace h2

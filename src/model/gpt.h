@@ -31,7 +31,13 @@
 // group. LayerNorms and the position table are replicated on every TP rank, and so are their gradients.
 // Parameter names stay those of the whole model; Param::full_shape and tp_runs() map a shard to its place in the
 // whole tensor (checkpoints and initialisation use them).
-// Deliberately not here: dropout, KV caching for generation, mixed precision, sequence parallelism.
+// Mixed precision (ActivationPolicy::precision = kBf16; Micikevicius et al. 2018, with bf16 as Kalamkar et al. 2019):
+// the f32 parameters are the master copy the optimizer updates; the matrix products read a bf16 copy of them,
+// made at the first forward after parameters_changed(), and bf16 inputs: the LayerNorms', the attention's and the
+// GELU's outputs are kept in bf16 (written in f32 into a gradient buffer that is free at that moment, then
+// rounded). Their output, every other activation, the gradients, LayerNorm, softmax, the loss and every reduction
+// stay f32; backward rounds each product's output gradient to bf16 as the kernel reads it.
+// Deliberately not here: dropout, KV caching for generation, sequence parallelism.
 #pragma once
 
 #include <algorithm>
@@ -86,10 +92,11 @@ struct TensorParallel {
   std::function<void(const Tensor&)> all_reduce_max;
 };
 
-// What the model keeps between forward and backward.
+// What the model keeps between forward and backward, and in which precision it computes.
 struct ActivationPolicy {
   Recompute recompute = Recompute::kNone;
   int slots = 1;  // micro-batches whose activations it holds at once (a pipeline stage: those in flight)
+  Precision precision = Precision::kF32;
 };
 
 // Calls fn(full_offset, shard_offset, count) for each contiguous run of elements that rank `rank` of `size`
@@ -141,6 +148,9 @@ class Gpt {
   // tensor-parallel shard) holds the same numbers as the whole model.
   void init(uint64_t seed);
   void zero_grads();
+  // Whoever writes flat_params() other than init() (the optimizer step, a checkpoint's load, ZeRO-1's gather)
+  // says so: in bf16 the next forward then refreshes the copy of the weights the products read.
+  void parameters_changed() { low_current_ = false; }
 
   // Runs the range forward. `input` is tokens (B,T) i32 with the embedding, else activations (B,T,C).
   // Without the head, the result is output(). With the head, the logits are logits() and nothing else.
@@ -194,6 +204,11 @@ class Gpt {
   };
   Activations allocate_activations();
   Tensor grad_of(const Tensor& value) const;
+  Tensor low(const Tensor& value) const;  // what a product reads of a parameter: its bf16 copy, or itself in f32
+  bool bf16() const { return policy_.precision == Precision::kBf16; }
+  // Writes an activation that a product reads: `make` writes it into `stage` (f32, free at the moment), then it is
+  // rounded into `act`; in f32, `make` writes into `act` itself.
+  void produce(const Tensor& act, const Tensor& stage, const std::function<void(const Tensor&)>& make);
   void block_forward(int b, const Tensor& x);
   void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);
   float parallel_loss(const Tensor& targets, const std::vector<int32_t>& host_targets, float dloss);
@@ -208,6 +223,8 @@ class Gpt {
   RowShard vocab_;
   std::vector<Param> params_;
   Tensor flat_params_, flat_grads_;
+  Tensor flat_low_;  // bf16: the copy of flat_params_ the products read
+  bool low_current_ = false;
   Tensor wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<BlockParams> blocks_;
   std::vector<Activations> slots_;

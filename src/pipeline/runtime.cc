@@ -479,6 +479,7 @@ void StageRunner::optimize(AdamwParams hp) {
   if (o.hi > o.lo) copy_to_host(mine.data(), model_->flat_params().slice(o.lo, o.hi));
   comms_.dp.all_gather(all.data(), mine.data(), s, DType::kF32);
   copy_from_host(model_->flat_params(), all.data());
+  model_->parameters_changed();
 }
 
 void StageRunner::optimizer_state(std::vector<float>& m, std::vector<float>& v) {

@@ -194,7 +194,9 @@ void write_checkpoint_state(const std::string& folder, const CheckpointState& st
         {"n_embd", state.model.n_embd},
         {"vocab_size", state.model.vocab_size},
         {"seq_len", state.model.seq_len}}},
-      {"data", {{"seed", state.data_seed}, {"epoch", state.data.epoch}, {"batch", state.data.batch}}}};
+      {"data", {{"seed", state.data_seed}, {"epoch", state.data.epoch}, {"batch", state.data.batch}}},
+      {"precision", precision_name(state.precision)},
+      {"weights", "f32 master copy"}};
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
   for (const std::string& name : safetensors_in(folder)) {
     const std::string path = (fs::path(folder) / name).string();
@@ -269,6 +271,12 @@ CheckpointState read_checkpoint_state(const std::string& checkpoint) {
     const auto& d = json.at("data");
     state.data_seed = d.at("seed").get<uint64_t>();
     state.data = {d.at("epoch").get<uint64_t>(), d.at("batch").get<uint64_t>()};
+    if (json.contains("precision")) {
+      const auto p = parse_precision(json.at("precision").get<std::string>());
+      if (!p)
+        throw Error(ErrorCode::kIo, cat(path, ": precision ", json.at("precision").dump(), " is not bf16 or f32"));
+      state.precision = *p;
+    }
     if (version >= 2) {
       for (const auto& [name, f] : json.at("files").items()) {
         if (name.find('/') != std::string::npos || !name.ends_with(".safetensors")) {
@@ -388,6 +396,7 @@ void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vec
     }
     offset += p.value.numel();
   }
+  model.parameters_changed();
 }
 
 void load_checkpoint(const std::string& checkpoint, Gpt& model, const OptimizerState* optimizer) {

@@ -39,6 +39,9 @@ struct CheckpointState {
   GptConfig model;
   LoaderPosition data;
   uint64_t data_seed = 0;
+  // The precision the run computed in; the checkpoint's weights are its f32 master copy either way. Older
+  // checkpoints, which do not say, were f32.
+  Precision precision = Precision::kF32;
   std::map<std::string, ManifestFile> files;  // read from state.json; the writer records the folder's files itself
 };
 

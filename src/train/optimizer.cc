@@ -51,6 +51,7 @@ double optimizer_step(Gpt& model, const OptimizerState& state, const AdamwParams
     ops::adamw_update(params.slice(a, b), state.m.slice(a - lo, b - lo), state.v.slice(a - lo, b - lo),
                       grads.slice(a, b), param_hp);
   });
+  model.parameters_changed();
   return norm;
 }
 

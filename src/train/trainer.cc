@@ -76,12 +76,17 @@ TrainConfig TrainConfig::from_config(const ConfigNode& root) {
     c.grad_clip = optim->number_in("grad_clip", c.grad_clip, 0, 1e30);  // 0 = no clipping
   }
   const ConfigNode train = root.at("train");
-  train.allow_only({"batch_size", "seq_len", "steps", "seed", "log_every", "eval_every", "eval_batches",
+  train.allow_only({"batch_size", "seq_len", "precision", "steps", "seed", "log_every", "eval_every", "eval_batches",
                     "checkpoint_every", "keep_checkpoints", "out_dir"});
   // Every count within what one host could run, so nothing wraps into the narrower types it is stored in.
   constexpr int64_t kMost = int64_t{1} << 40;
   c.batch_size = static_cast<int>(train.int_in("batch_size", c.batch_size, 1, 1 << 20));
   c.seq_len = static_cast<int>(train.int_in("seq_len", c.model.seq_len, 1, c.model.seq_len));
+  if (train.has("precision")) {
+    const auto p = parse_precision(train.get<std::string>("precision"));
+    if (!p) train.at("precision").fail("must be bf16 or f32");
+    c.precision = *p;
+  }
   c.steps = train.int_in("steps", c.steps, 1, kMost);
   c.seed =
       static_cast<uint64_t>(train.int_in("seed", static_cast<int64_t>(c.seed), 0, std::numeric_limits<int64_t>::max()));
@@ -129,13 +134,15 @@ double planned_memory_bytes(const TrainConfig& c) {
                        .head = true,
                        .layers = c.model.n_layer,
                        .rows = c.batch_size,
-                       .seq = c.seq_len})
+                       .seq = c.seq_len,
+                       .bytes = ElementBytes::of(c.precision)})
       .total();
 }
 
 TrainResult train(const TrainConfig& c, const TrainOptions& options) {
   auto device = create_device(c.device);
-  Gpt model(c.model, *device, GptRange::whole(c.model), c.batch_size, c.seq_len);
+  Gpt model(c.model, *device, GptRange::whole(c.model), c.batch_size, c.seq_len, {},
+            ActivationPolicy{.precision = c.precision});
   OptimizerState optimizer{device->zeros(DType::kF32, {model.num_params()}),
                            device->zeros(DType::kF32, {model.num_params()})};
   TokenLoader train_loader(expand_glob(c.train_data), c.batch_size, c.seq_len, c.seed, true);
@@ -157,6 +164,10 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
     if (state.data_seed != c.seed) {
       log_warn("resuming with seed ", c.seed, " but the checkpoint's data order used seed ", state.data_seed);
     }
+    if (state.precision != c.precision) {
+      log_warn("resuming in ", precision_name(c.precision), " a run that computed in ", precision_name(state.precision),
+               " (its f32 master weights carry over; the loss curve will not be the one an uninterrupted run follows)");
+    }
     load_checkpoint(from, model, &optimizer);
     train_loader.seek(state.data);
     step = state.step;
@@ -169,9 +180,9 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
     return TrainResult{.steps_done = step};
   }
   std::ofstream metrics = open_metrics((fs::path(c.out_dir) / "metrics.jsonl").string(), step);
-  log_info("training ", model.num_params(), " parameters on ", device->name(), " (", device->props().chip,
-           "): ", c.batch_size, " x ", c.seq_len, " tokens per step, steps ", step + 1, "..", c.steps, ", ",
-           train_loader.batches_per_epoch(), " batches per epoch");
+  log_info("training ", model.num_params(), " parameters in ", precision_name(c.precision), " on ", device->name(),
+           " (", device->props().chip, "): ", c.batch_size, " x ", c.seq_len, " tokens per step, steps ", step + 1,
+           "..", c.steps, ", ", train_loader.batches_per_epoch(), " batches per epoch");
 
   Tensor tokens = device->empty(DType::kI32, {c.batch_size, c.seq_len});
   Tensor targets = device->empty(DType::kI32, {c.batch_size, c.seq_len});
@@ -196,7 +207,12 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
     return static_cast<float>(sum / batches);
   };
   auto checkpoint = [&] {
-    save_checkpoint(checkpoint_dir, model, optimizer, CheckpointState{step, c.model, train_loader.position(), c.seed},
+    save_checkpoint(checkpoint_dir, model, optimizer,
+                    CheckpointState{.step = step,
+                                    .model = c.model,
+                                    .data = train_loader.position(),
+                                    .data_seed = c.seed,
+                                    .precision = c.precision},
                     c.keep_checkpoints, from);
   };
 
@@ -286,6 +302,7 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
                                    {"val_loss", result.val_loss},
                                    {"tokens_per_s", result.tokens_per_second},
                                    {"device", device->name()},
+                                   {"precision", precision_name(c.precision)},
                                    {"mem_planned_bytes", result.mem_planned_bytes},
                                    {"mem_peak_bytes", result.mem_peak_bytes}}
                             .dump(2) +

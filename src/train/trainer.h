@@ -34,6 +34,8 @@ struct TrainConfig {
   // run
   int batch_size = 8;
   int seq_len = 256;
+  // bf16: products in bf16 from a bf16 copy of the f32 master weights (gpt.h); f32: everything in f32.
+  Precision precision = Precision::kF32;
   int64_t steps = 100;
   uint64_t seed = 1;
   int64_t log_every = 1;
@@ -53,7 +55,7 @@ double learning_rate(const TrainConfig& config, int64_t step);
 // The AdamW hyperparameters of (0-based) step `step`: the config's, with that step's learning rate.
 AdamwParams adamw_params(const TrainConfig& config, int64_t step);
 
-// The memory one device needs to train `config`'s whole model: model/costs.h's stage_memory, f32.
+// The memory one device needs to train `config`'s whole model: model/costs.h's stage_memory, in its precision.
 double planned_memory_bytes(const TrainConfig& config);
 
 // Keeps the metrics file's lines up to `keep_up_to_step` (a resumed run rewrites what follows) and returns a

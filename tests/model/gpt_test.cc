@@ -39,7 +39,7 @@ TEST(Costs, Gpt2SmallHasItsPublishedParameterCount) {
 // Every range, recomputation policy, slot count and TP rank allocates exactly what costs.h's stage_memory counts
 // for the model: parameters, gradients, each slot's activations, the shared recomputation buffers, the gradient
 // scratch (and under TP, the head's loss statistics). The vocabulary 11 is not divisible by TP 2: the ranks hold
-// 5 and 6 rows.
+// 5 and 6 rows. In bf16 the model also holds the f32 master copy (the optimizer term's master part).
 TEST(Gpt, AllocatesWhatStageMemoryCounts) {
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   const int B = 3, T = 5;
@@ -47,10 +47,13 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
   for (GptRange range : {GptRange::whole(kTiny), GptRange{true, 0, 1, false}, GptRange{false, 1, 2, false},
                          GptRange{false, 2, 2, true}, GptRange{false, 0, 2, true}}) {
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-      for (int slots : {1, 3}) {
+      for (auto [slots, precision] :
+           {std::pair{1, Precision::kF32}, {3, Precision::kF32}, {1, Precision::kBf16}, {3, Precision::kBf16}}) {
         for (auto [rank, size] : {std::pair{0, 1}, {0, 2}, {1, 2}}) {
           const size_t before = dev->mem_used_bytes();
-          Gpt m(kTiny, *dev, range, B, T, TensorParallel{rank, size, nothing, nothing}, ActivationPolicy{r, slots});
+          Gpt m(kTiny, *dev, range, B, T, TensorParallel{rank, size, nothing, nothing},
+                ActivationPolicy{r, slots, precision});
+          const ElementBytes bytes = ElementBytes::of(precision);
           const StageMemory want = stage_memory({.shape = kTiny.shape(),
                                                  .embedding = range.embedding,
                                                  .head = range.head,
@@ -60,9 +63,11 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
                                                  .tp = size,
                                                  .tp_rank = rank,
                                                  .recompute = r,
-                                                 .in_flight = slots});
-          const double model = want.weights + want.grads + slots * want.activations + want.recompute +
-                               want.grad_scratch + (range.head && size > 1 ? 3.0 * B * T * 4 : 0);
+                                                 .in_flight = slots,
+                                                 .bytes = bytes});
+          const double model = want.weights + static_cast<double>(m.num_params()) * bytes.master + want.grads +
+                               slots * want.activations + want.recompute + want.grad_scratch +
+                               (range.head && size > 1 ? 3.0 * B * T * 4 : 0);
           EXPECT_EQ(m.num_params(), stage_params({.shape = kTiny.shape(),
                                                   .embedding = range.embedding,
                                                   .head = range.head,
@@ -72,7 +77,7 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
           EXPECT_DOUBLE_EQ(static_cast<double>(dev->mem_used_bytes() - before), model)
               << "blocks [" << range.first_block << ", " << range.end_block << ")" << (range.embedding ? " +E" : "")
               << (range.head ? " +H " : " ") << recompute_name(r) << ", " << slots << " slots, TP rank " << rank
-              << " of " << size;
+              << " of " << size << ", " << precision_name(precision);
         }
       }
     }
@@ -160,6 +165,54 @@ TEST(Gpt, RangesComputeWhatTheWholeModelComputes) {
       for (size_t i = 0; i < got.size(); ++i) got[i] += tail[i];
     ASSERT_EQ(got.size(), want.size()) << p.name;
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6f) << p.name << "[" << i << "]";
+  }
+}
+
+// One forward and backward of a 3-layer model on `backend` in `precision`: the loss and every gradient.
+struct Pass {
+  float loss;
+  std::vector<float> grads;
+};
+Pass one_pass(const std::string& backend, Precision precision, Recompute recompute = Recompute::kNone) {
+  auto dev = create_device(DeviceSpec{.backend = backend});
+  const int B = 2, T = 6;
+  GptConfig c{.n_layer = 3, .n_head = 2, .n_embd = 32, .vocab_size = 40, .seq_len = 6};
+  Gpt m(c, *dev, GptRange::whole(c), B, T, {}, ActivationPolicy{.recompute = recompute, .precision = precision});
+  m.init(7);
+  Tensor tokens = random_tokens(*dev, B, T, c.vocab_size, 3), targets = random_tokens(*dev, B, T, c.vocab_size, 4);
+  m.zero_grads();
+  m.forward(tokens);
+  const float loss = m.loss(targets);
+  m.backward();
+  return {loss, host(m.flat_grads())};
+}
+
+double normalised_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    norm += double{b[i]} * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// bf16 training's numerics. The cpu backend's bf16 path against the ref backend's (which widens bf16 and sums in
+// f64: the same rounding points, computed independently) agree to f32 summation error. Against f32, bf16 differs
+// by the rounding of the products' inputs to 8 bits of mantissa (2^-9 relative): visibly, so the bf16 path did
+// run, but by well under a percent. Recomputation in bf16 recomputes the same bf16 activations.
+TEST(Gpt, Bf16MatchesTheReferenceAndStaysNearF32) {
+  const Pass cpu = one_pass("cpu", Precision::kBf16), ref = one_pass("ref", Precision::kBf16);
+  const Pass f32 = one_pass("cpu", Precision::kF32);
+  EXPECT_NEAR(cpu.loss, ref.loss, 1e-5 * ref.loss);
+  EXPECT_LT(normalised_error(cpu.grads, ref.grads), 1e-5);
+  EXPECT_NEAR(cpu.loss, f32.loss, 1e-3 * f32.loss);
+  const double from_f32 = normalised_error(cpu.grads, f32.grads);
+  EXPECT_GT(from_f32, 1e-4);
+  EXPECT_LT(from_f32, 2e-2);
+  for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
+    const Pass again = one_pass("cpu", Precision::kBf16, r);
+    EXPECT_FLOAT_EQ(again.loss, cpu.loss) << recompute_name(r);
+    EXPECT_LT(normalised_error(again.grads, cpu.grads), 1e-6) << recompute_name(r);
   }
 }
 

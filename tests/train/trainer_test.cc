@@ -118,9 +118,15 @@ TEST(Checkpoint, AnotherModelIsNamedByItsField) {
 // The device's measured peak beside the planned figure: equal to the byte (model/costs.h counts every
 // allocation: model, optimizer, tokens, targets), in the result, in metrics.jsonl and in summary.json.
 TEST(Trainer, ReportsMeasuredMemoryBesideThePlannedFigure) {
+  TrainConfig low = tiny_config("memory_bf16", "cpu");
+  low.steps = 1;
+  low.precision = Precision::kBf16;
+  const TrainResult r16 = train(low, {.quiet = true});
+  EXPECT_EQ(r16.mem_peak_bytes, r16.mem_planned_bytes);  // the bf16 copy, the f32 master and bf16 activations
   TrainConfig c = tiny_config("memory", "cpu");
   c.steps = 2;
   const TrainResult r = train(c, {.quiet = true});
+  EXPECT_NE(r.mem_planned_bytes, r16.mem_planned_bytes);
   EXPECT_GT(r.mem_peak_bytes, 0);
   EXPECT_EQ(r.mem_peak_bytes, r.mem_planned_bytes);
   EXPECT_EQ(r.mem_planned_bytes, planned_memory_bytes(c));
@@ -133,13 +139,34 @@ TEST(Trainer, ReportsMeasuredMemoryBesideThePlannedFigure) {
   EXPECT_EQ(nlohmann::json::parse(line).at("mem_peak_bytes").get<double>(), r.mem_peak_bytes);
 }
 
-TEST(Trainer, ResumeContinuesTheIdenticalCurve) {
-  TrainConfig straight = tiny_config("resume_straight", "cpu");
+// bf16 training follows the f32 curve (it would not learn if the optimizer's updates never reached the bf16 copy
+// of the weights), and its checkpoints say their precision and hold the f32 master weights.
+TEST(Trainer, Bf16FollowsTheF32LossCurve) {
+  TrainConfig c = tiny_config("bf16_curve", "cpu");
+  const TrainResult f32 = train(c, {.quiet = true});
+  c = tiny_config("bf16_curve_bf16", "cpu");
+  c.precision = Precision::kBf16;
+  const TrainResult bf16 = train(c, {.quiet = true});
+  ASSERT_EQ(bf16.losses.size(), f32.losses.size());
+  for (size_t i = 0; i < f32.losses.size(); ++i) {
+    EXPECT_NEAR(bf16.losses[i], f32.losses[i], 0.02 * f32.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_NE(bf16.losses.back(), f32.losses.back());  // it did compute in bf16
+  const std::string last = latest_checkpoint(c.out_dir + "/checkpoints");
+  EXPECT_EQ(read_checkpoint_state(last).precision, Precision::kBf16);
+  EXPECT_EQ(SafetensorsFile(last + "/model.safetensors").at("wte.weight").dtype, DType::kF32);
+}
+
+void resume_continues_the_identical_curve(Precision precision) {
+  const std::string p = precision_name(precision);
+  TrainConfig straight = tiny_config("resume_straight_" + p, "cpu");
   straight.steps = 10;
+  straight.precision = precision;
   const TrainResult full = train(straight, {.quiet = true});
 
-  TrainConfig halves = tiny_config("resume_halves", "cpu");
+  TrainConfig halves = tiny_config("resume_halves_" + p, "cpu");
   halves.steps = 10;
+  halves.precision = precision;
   halves.checkpoint_every = 5;
   halves.keep_checkpoints = 0;
   std::vector<float> resumed;
@@ -162,6 +189,13 @@ TEST(Trainer, ResumeContinuesTheIdenticalCurve) {
     size_t n = 1;
     for (int64_t d : e.shape) n *= static_cast<size_t>(d);
     EXPECT_EQ(std::memcmp(e.data, f.data, n * 4), 0) << e.name;
+  }
+}
+
+TEST(Trainer, ResumeContinuesTheIdenticalCurve) {
+  for (Precision precision : {Precision::kF32, Precision::kBf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    resume_continues_the_identical_curve(precision);
   }
 }
 
