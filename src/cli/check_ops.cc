@@ -81,7 +81,7 @@ void register_align(CLI::App& app, Command& selected) {
   CLI::App* align = app.add_subcommand(
       "align", "Run one batch through the same weights on two devices and name the first operator where they part");
   struct Options {
-    std::string a = "cpu", b = "ref", chips_file, config = "examples/train_moby.yaml";
+    std::string a = "cpu", b = "ref", chips_file, config = "examples/train_moby.yaml", precision = "f32";
     int batch = 2, seq = 0;
     uint64_t seed = 1;
   };
@@ -95,6 +95,9 @@ void register_align(CLI::App& app, Command& selected) {
       ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   align->add_option("--seed", o->seed, "seed of the weights and tokens")->capture_default_str();
+  align->add_option("--precision", o->precision, "the precision both run in, as training would (bf16 or f32)")
+      ->check(CLI::IsMember({"bf16", "f32"}))
+      ->capture_default_str();
   align->callback([o, &selected] {
     selected = [o] {
       auto a = device_named(o->a, o->chips_file), b = device_named(o->b, o->chips_file);
@@ -103,7 +106,7 @@ void register_align(CLI::App& app, Command& selected) {
       if (seq > config.seq_len) {
         throw Error(ErrorCode::kInvalidArgument, cat("--seq ", seq, " exceeds the model's seq_len ", config.seq_len));
       }
-      const AlignReport report = align_devices(config, *a, *b, o->batch, seq, o->seed);
+      const AlignReport report = align_devices(config, *a, *b, o->batch, seq, o->seed, *parse_precision(o->precision));
       std::fputs(format_alignment(report, o->a, o->b).c_str(), stdout);
       return report.first_divergence < 0 ? 0 : 1;
     };

@@ -11,7 +11,7 @@
 namespace h2::cli {
 
 std::vector<std::string> profile_rank_command(const std::string& cluster_file, const std::string& model_file,
-                                              int micro_batch, const std::string& raw_out) {
+                                              int micro_batch, Precision precision, const std::string& raw_out) {
   return {std::filesystem::read_symlink("/proc/self/exe").string(),
           "profile",
           "--rank",
@@ -21,6 +21,8 @@ std::vector<std::string> profile_rank_command(const std::string& cluster_file, c
           model_file,
           "--micro-batch",
           std::to_string(micro_batch),
+          "--precision",
+          precision_name(precision),
           "--out",
           raw_out};
 }
@@ -30,6 +32,7 @@ void register_profile(CLI::App& app, Command& selected) {
   struct ProfileCmd {
     std::string cluster = "examples/cluster_local.yaml", model = "examples/model_small.yaml", out;
     int micro_batch = 1;
+    std::string precision = "f32";
     bool rank = false;
   };
   auto o = std::make_shared<ProfileCmd>();
@@ -38,17 +41,21 @@ void register_profile(CLI::App& app, Command& selected) {
   pr->add_option("--micro-batch", o->micro_batch, "sequences per micro-batch")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  pr->add_option("--precision", o->precision, "the precision training will run in (bf16 or f32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f32"}));
   pr->add_option("--out", o->out, "write the profiled cluster here (YAML, for h2 plan / h2 train --cluster)")
       ->required();
   pr->add_flag("--rank", o->rank, "internal: one rank of the measurement")->group("");
   pr->callback([o, &selected] {
     selected = [o] {
       const TransformerShape shape = load_model(ConfigNode::load_file(o->model));
+      const Precision precision = *parse_precision(o->precision);  // checked by the option
       if (o->rank) {  // one of the measuring ranks; rank 0 writes what they found to --out
-        profile_rank(o->cluster, shape, o->micro_batch, o->out);
+        profile_rank(o->cluster, shape, o->micro_batch, precision, o->out);
         return 0;
       }
-      profile_cluster(ProfileJob{o->cluster, shape, o->model, o->micro_batch, o->out, profile_rank_command});
+      profile_cluster(ProfileJob{o->cluster, shape, o->model, o->micro_batch, precision, o->out, profile_rank_command});
       std::printf("wrote %s\n", o->out.c_str());
       return 0;
     };

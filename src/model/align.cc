@@ -44,7 +44,8 @@ Op gradient_op(const std::string& name) {
 
 }  // namespace
 
-AlignReport align_devices(const GptConfig& config, Device& a, Device& b, int B, int T, uint64_t seed) {
+AlignReport align_devices(const GptConfig& config, Device& a, Device& b, int B, int T, uint64_t seed,
+                          Precision precision) {
   Rng rng(seed);
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.vocab_size)));
@@ -66,7 +67,9 @@ AlignReport align_devices(const GptConfig& config, Device& a, Device& b, int B, 
     side.model.backward();
     for (const Gpt::Param& p : side.model.params()) side.grads.push_back(host(p.grad));
   };
-  Gpt model_a(config, a, GptRange::whole(config), B, T), model_b(config, b, GptRange::whole(config), B, T);
+  const ActivationPolicy policy{.precision = precision};
+  Gpt model_a(config, a, GptRange::whole(config), B, T, {}, policy),
+      model_b(config, b, GptRange::whole(config), B, T, {}, policy);
   Side sa{model_a, {}, {}, 0}, sb{model_b, {}, {}, 0};
   run(a, sa);
   run(b, sb);
@@ -75,9 +78,10 @@ AlignReport align_devices(const GptConfig& config, Device& a, Device& b, int B, 
   report.loss_b = sb.loss;
   const std::vector<Gpt::NamedOutput> names = sa.model.forward_outputs();
   for (size_t i = 0; i < names.size(); ++i) {
+    const double tolerance = conformance_tolerance(names[i].op, DType::kF32);
     report.rows.push_back({names[i].name + " (forward)", op_name(names[i].op),
                            normalised_error(sa.outputs[i], sb.outputs[i]),
-                           conformance_tolerance(names[i].op, DType::kF32)});
+                           names[i].value.dtype() == DType::kBF16 ? std::max(tolerance, kBf16Storage) : tolerance});
   }
   // Backward makes the gradients from the last parameter to the first.
   const std::vector<Gpt::Param>& params = sa.model.params();

@@ -16,6 +16,7 @@
 #include "core/clock.h"
 #include "core/config.h"
 #include "core/file.h"
+#include "core/log.h"
 #include "core/signals.h"
 #include "pipeline/profile.h"
 #include "planner/catalog.h"
@@ -45,6 +46,19 @@ int64_t last_logged_step(const std::string& metrics) {
   return step;
 }
 
+// A given plan costed for another precision (or for bf16 as published systems hold it) still runs, in the
+// config's precision; its predicted memory and times are for what it was costed for, and the user is told.
+void warn_if_costed_otherwise(const Plan& plan, const TrainSetup& runs, const std::string& path) {
+  const auto costed = [](Precision p, bool h2) {
+    return p == Precision::kF32 ? std::string("f32") : cat("bf16 (", h2 ? "H2's runtime" : "published systems'", ")");
+  };
+  if (plan.precision == runs.precision && (plan.precision == Precision::kF32 || plan.h2_runtime)) return;
+  log_warn(path, " was costed for ", costed(plan.precision, plan.h2_runtime), "; this run trains in ",
+           costed(runs.precision, true),
+           " (train.precision), so its predicted memory and times are not this run's. Re-plan without --plan, or "
+           "set train.precision");
+}
+
 }  // namespace
 
 ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume) {
@@ -60,13 +74,21 @@ ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume) {
     in.shape = in.run.config.model.shape();
   }
   in.run.config.seq_len = static_cast<int>(in.shape.seq_len);
+  // The precision is the config's train.precision where it says one (a --set too), else the planner's train
+  // file's where it says one, else f32 (TrainConfig's default); the plan counts the memory H2's runtime allocates
+  // in it.
+  const auto train = root.find("train");
+  const bool config_says = train && train->has("precision");
   if (!files.train.empty()) {
-    in.setup = load_train_setup(ConfigNode::load_file(files.train));
+    const ConfigNode setup = ConfigNode::load_file(files.train);
+    in.setup = load_train_setup(setup);
+    if (!config_says && setup.has("precision")) in.run.config.precision = in.setup.precision;
   } else {
     in.setup.global_batch = in.run.config.batch_size;
     in.setup.zero1 = false;
   }
-  in.setup.precision = Precision::kF32;  // the runtime trains in f32: plan what it runs
+  in.setup.precision = in.run.config.precision;
+  in.setup.h2_runtime = true;
   in.run.config.batch_size = static_cast<int>(in.setup.global_batch);
   in.run.zero1 = in.setup.zero1;
   in.run.resume = resume;
@@ -85,6 +107,7 @@ int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool
   in.run.plan = load_plan(files.plan);
   check_plan_on_cluster(in.run.plan, in.run.cluster, files.plan);
   check_plan_runs(in.run.plan, in.run.config.model);
+  if (env.rank == 0) warn_if_costed_otherwise(in.run.plan, in.setup, files.plan);
   const int ranks = stage_layout_of(in.run.plan).world_size();
   if (external && env.world_size != ranks) {
     throw Error(ErrorCode::kConfig, cat(files.plan, " needs ", ranks, " ranks (one per device); ", env.source,
@@ -116,7 +139,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     const std::string profiled = (fs::path(out_dir) / "cluster_profiled.yaml").string();
     profile_cluster(ProfileJob{files.cluster, in.shape, files.model.empty() ? files.config : files.model,
                                *std::min_element(in.setup.micro_batches.begin(), in.setup.micro_batches.end()),
-                               profiled, options.profile_rank_command});
+                               in.setup.precision, profiled, options.profile_rank_command});
     planned_on = load_cluster(ConfigNode::load_file(profiled));
   }
   if (files.plan.empty() && planned_on.figures == Figures::kDatasheet) {
@@ -133,6 +156,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   } else {
     in.run.plan = load_plan(files.plan);
     check_plan_on_cluster(in.run.plan, in.run.cluster, files.plan);
+    warn_if_costed_otherwise(in.run.plan, in.setup, files.plan);
   }
   std::fputs(format_plan(in.run.plan).c_str(), stdout);
   check_plan_runs(in.run.plan, in.run.config.model);

@@ -24,7 +24,8 @@ struct ClusterJobFiles {
 };
 
 // What driver and ranks derive from the files: the run (config with the model file's model and the setup's batch,
-// the cluster), the model's shape and the planner's setup (planned in the precision the runtime trains: f32).
+// the cluster), the model's shape and the planner's setup (planned in the precision the runtime trains,
+// train.precision, with the memory H2's runtime allocates in it).
 struct ClusterJob {
   HeteroRun run;
   TransformerShape shape;
@@ -42,7 +43,7 @@ struct DriverOptions {
   // resuming the newest checkpoint when `resume`.
   std::function<std::vector<std::string>(const std::string& plan_path, bool resume)> rank_command;
   // argv of one measuring rank, for `profile` (pipeline/profile.h).
-  std::function<std::vector<std::string>(const std::string&, const std::string&, int, const std::string&)>
+  std::function<std::vector<std::string>(const std::string&, const std::string&, int, Precision, const std::string&)>
       profile_rank_command;
 };
 

@@ -181,10 +181,10 @@ void RankTraining::build_stage() {
       .backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, group ? group->chip : stage_.chip)});
   const GptRange range{stage_.embedding, stage_.first_layer, stage_.first_layer + stage_.layers, stage_.head};
   // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
-  runner_ = std::make_unique<StageRunner>(
-      c_.model, *device_, range, layout_, comms_, rows_, T_,
-      OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
-      ActivationPolicy{group ? group->recompute : stage_.recompute, max_in_flight(schedule_, place_.stage)});
+  runner_ = std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
+                                          OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
+                                          ActivationPolicy{group ? group->recompute : stage_.recompute,
+                                                           max_in_flight(schedule_, place_.stage), c_.precision});
   runner_->model().init(c_.seed);
 }
 
@@ -239,9 +239,12 @@ void RankTraining::save(int64_t done) {
   }
   world_.barrier();
   if (rank_ == 0) {
-    write_checkpoint_state(
-        (fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(),
-        CheckpointState{.step = done, .model = c_.model, .data = loader_->position(), .data_seed = c_.seed});
+    write_checkpoint_state((fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(),
+                           CheckpointState{.step = done,
+                                           .model = c_.model,
+                                           .data = loader_->position(),
+                                           .data_seed = c_.seed,
+                                           .precision = c_.precision});
     commit_checkpoint(checkpoint_dir_, done, c_.keep_checkpoints, resumed_from_);
   }
   world_.barrier();
@@ -311,7 +314,8 @@ nlohmann::json RankTraining::memory_report() const {
                         .tp_rank = p.t,
                         .optimizer_shards = run_.zero1 ? s.dp : 1,
                         .recompute = group ? group->recompute : s.recompute,
-                        .in_flight = max_in_flight(schedule_, p.stage)});
+                        .in_flight = max_in_flight(schedule_, p.stage),
+                        .bytes = ElementBytes::of(c_.precision)});
       const std::vector<double> want = stage_memory_terms(predicted);
       for (size_t i = 0; i < want.size(); ++i) {
         entry["terms"][kStageMemoryTerms[i]] = {{"predicted", want[i]},

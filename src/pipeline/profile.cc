@@ -26,7 +26,7 @@
 namespace h2 {
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
-                             int micro_batch, double min_seconds) {
+                             int micro_batch, Precision precision, double min_seconds) {
   EmuProfile profile = emu_profile_of(cluster, chip);
   profile.mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
   auto device = create_device(DeviceSpec{.backend = "emu", .index = 0, .emu = profile});
@@ -49,12 +49,13 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     ids[i] = static_cast<int32_t>(i * 7919 % static_cast<size_t>(config.vocab_size));
   Tensor targets = dev.empty(DType::kI32, {B, T});
   copy_from_host(targets, ids.data());
-  Gpt block(config, dev, GptRange{false, 0, 1, false}, B, T);
+  Gpt block(config, dev, GptRange{false, 0, 1, false}, B, T, {}, ActivationPolicy{.precision = precision});
   block.init(1);
   Gpt selective(config, dev, GptRange{false, 0, 1, false}, B, T, {},
-                ActivationPolicy{.recompute = Recompute::kSelective});
+                ActivationPolicy{.recompute = Recompute::kSelective, .precision = precision});
   selective.init(1);
-  Gpt head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T);
+  Gpt head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T, {},
+           ActivationPolicy{.precision = precision});
   head.init(1);
   // The model's GEMMs (k -> n columns over N rows) at TP 1 and 2, and the attention core at both.
   struct Gemm {
@@ -63,9 +64,16 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   };
   std::vector<Gemm> gemms;
   const int V = config.vocab_size;
+  const auto operand = [&](Shape s, float scale) {  // a product's input, in the precision the products read
+    const Tensor t = random(s, scale);
+    if (precision == Precision::kF32) return t;
+    Tensor low = dev.empty(DType::kBF16, s);
+    ops::convert(low, t);
+    return low;
+  };
   for (int tp : {1, 2}) {
     for (auto [k, n] : {std::pair{C, 3 * C / tp}, {C / tp, C}, {C, 4 * C / tp}, {4 * C / tp, C}, {C, V / tp}}) {
-      gemms.push_back({random({N, k}, 1.0f), random({n, k}, 0.02f), dev.empty(DType::kF32, {N, n}),
+      gemms.push_back({operand({N, k}, 1.0f), operand({n, k}, 0.02f), dev.empty(DType::kF32, {N, n}),
                        dev.empty(DType::kF32, {N, k}), dev.zeros(DType::kF32, {n, k}), 6.0 * N * k * n});
     }
   }
@@ -241,7 +249,7 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
   out.figures = Figures::kProfiled;
   for (const ChipMeasurement& m : chips) {
     ChipType& t = out.chips[static_cast<size_t>(out.chip_index(m.chip))];
-    // The emulated chips run f32: the measured GEMM rate is their peak in both precisions, reached in full.
+    // The GEMM rate measured in the profiled precision stands for the peak in both, reached in full.
     t.peak_tflops = t.peak_tflops_f32 = m.matmul_flops / 1e12;
     t.efficiency = 1.0;
     t.matmul_curve = matmul_curve_of(m.gemm_rates, m.matmul_flops);
@@ -297,7 +305,7 @@ int threads_per_rank(const Cluster& cluster) {
 
 // Its chip type's measurements while every other rank measures its own (emulated chips share this host's cores
 // and memory as the training ranks will), then the link; rank 0 writes what all found.
-void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch,
+void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, Precision precision,
                   const std::string& out) {
   const Cluster cluster = load_cluster_arg(cluster_file);
   const std::vector<std::string> chips = rank_chips(cluster);
@@ -308,7 +316,8 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   // Every rank measures for the same few seconds at least, so the host stays as loaded as in training until the
   // slowest chip's rounds are done.
   const ChipMeasurement m =
-      measure_chip(cluster, chips[static_cast<size_t>(world.rank())], shape, micro_batch, /*min_seconds=*/8.0);
+      measure_chip(cluster, chips[static_cast<size_t>(world.rank())], shape, micro_batch, precision,
+                   /*min_seconds=*/8.0);
   world.barrier();
   const LinkMeasurement link = measure_link(world);
   const std::vector<double> figures = measurement_figures(m);
@@ -336,10 +345,10 @@ void profile_cluster(const ProfileJob& job) {
   const Cluster cluster = load_cluster_arg(cluster_file);
   const std::vector<std::string> ranks = rank_chips(cluster);
   std::printf(
-      "profiling %zu chip type(s) of %s at the shapes of %s, micro-batch %d: %zu processes at once (one per "
+      "profiling %zu chip type(s) of %s at the shapes of %s, micro-batch %d, %s: %zu processes at once (one per "
       "device), %d thread(s) each\n",
-      cluster.chips.size(), cluster_file.c_str(), model_label.c_str(), micro_batch, ranks.size(),
-      threads_per_rank(cluster));
+      cluster.chips.size(), cluster_file.c_str(), model_label.c_str(), micro_batch, precision_name(job.precision),
+      ranks.size(), threads_per_rank(cluster));
   // The ranks read the shape from a model file (the job's may come from a training config) and write raw results.
   const std::string part = out + ".ranks.json", model_file = out + ".model.yaml";
   write_file_atomic(model_file, cat("name: measured\nlayers: ", shape.layers, "\nhidden: ", shape.hidden,
@@ -347,7 +356,7 @@ void profile_cluster(const ProfileJob& job) {
                                     "\nvocab: ", shape.vocab, "\nseq_len: ", shape.seq_len, "\n"));
   LaunchOptions options;
   options.ranks = std::max<int>(2, static_cast<int>(ranks.size()));
-  const LaunchResult r = launch(job.rank_command(cluster_file, model_file, micro_batch, part), options);
+  const LaunchResult r = launch(job.rank_command(cluster_file, model_file, micro_batch, job.precision, part), options);
   std::filesystem::remove(model_file);
   if (r.exit_code != 0) throw Error(ErrorCode::kInternal, cat("the measurement failed: ", r.message));
   const nlohmann::json j = nlohmann::json::parse(read_file(part));
@@ -375,7 +384,8 @@ void profile_cluster(const ProfileJob& job) {
   const Cluster profiled = profiled_cluster(cluster, chips, link);
   // The figures, and a block's, the head's and selective recomputation's time measured beside what the cost model
   // makes of them.
-  const CostModel costs(profiled, shape, TrainSetup{.global_batch = micro_batch, .precision = Precision::kF32});
+  const CostModel costs(profiled, shape,
+                        TrainSetup{.global_batch = micro_batch, .precision = job.precision, .h2_runtime = true});
   std::printf("%-10s %6s %9s %10s %10s %9s %21s %21s %23s\n", "chip", "speed", "kernel us", "GEMM GF/s", "attn GF/s",
               "mem GB/s", "block ms (predicted)", "head ms (predicted)", "recompute ms (predicted)");
   for (const ChipMeasurement& m : chips) {
@@ -390,8 +400,8 @@ void profile_cluster(const ProfileJob& job) {
   }
   std::printf("link (DiComm over UCX, %d processes, pairs all-reducing at once): %.2f GB/s, %.1f us\n", options.ranks,
               link.bandwidth_gbps, link.latency_us);
-  write_file_atomic(out, "# Measured by h2 profile from " + cluster_file + " at the shapes of " + model_label + "\n" +
-                             cluster_to_yaml(profiled));
+  write_file_atomic(out, "# Measured by h2 profile from " + cluster_file + " at the shapes of " + model_label +
+                             ", in " + precision_name(job.precision) + "\n" + cluster_to_yaml(profiled));
 }
 
 }  // namespace h2

@@ -56,13 +56,15 @@ struct LinkMeasurement {
 };
 
 // Medians over rounds of the measurements, repeated for at least `min_seconds` (so that ranks measuring at once
-// keep loading the host until all are done) and at least 5 rounds.
+// keep loading the host until all are done) and at least 5 rounds. The GEMMs, a block and the head run in
+// `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h).
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
-                             int micro_batch, double min_seconds = 0);
+                             int micro_batch, Precision precision, double min_seconds = 0);
 // A collective over `world`; every rank gets the result.
 LinkMeasurement measure_link(Communicator& world);
 
-// The cluster with the measured figures in place of the datasheet's.
+// The cluster with the measured figures in place of the datasheet's. The GEMM rate measured (in the precision
+// profiled) stands for the chip's peak in both precisions: a profile is for training in its own precision.
 Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips,
                          const LinkMeasurement& link);
 
@@ -75,17 +77,18 @@ struct ProfileJob {
   TransformerShape shape;   // the model whose shapes are measured
   std::string model_label;  // where it came from, for the file's header
   int micro_batch = 1;
+  Precision precision = Precision::kF32;  // the precision training will run in
   std::string out;
   // argv of one measuring rank, given the files it reads and the file rank 0 writes its raw results to.
   std::function<std::vector<std::string>(const std::string& cluster_file, const std::string& model_file,
-                                         int micro_batch, const std::string& raw_out)>
+                                         int micro_batch, Precision precision, const std::string& raw_out)>
       rank_command;
 };
 void profile_cluster(const ProfileJob& job);
 
 // One measuring rank (a process started by profile_cluster): joins the job, measures, and rank 0 writes what
 // every rank found to `raw_out` (JSON).
-void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch,
+void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, Precision precision,
                   const std::string& raw_out);
 
 }  // namespace h2

@@ -218,7 +218,7 @@ void StageRunner::allocate(ActivationPolicy policy) {
   const int64_t n = model_->num_params();
   const int64_t shard = options_.zero1 ? (n + shape.dp - 1) / shape.dp : n;
   optimizer_ = OptimizerState{device_.zeros(DType::kF32, {shard}), device_.zeros(DType::kF32, {shard})};
-  allocated_.optimizer = measured();
+  allocated_.optimizer += measured();  // beside the model's f32 master copy in bf16
   slot_holds_.assign(static_cast<size_t>(policy.slots), -1);
   const Shape act{B_, T_, config_.n_embd};
   for (int i = 0; i < policy.slots; ++i) {
@@ -402,8 +402,9 @@ void StageRunner::reduce_gradients() {
 }
 
 // Each rank sends its rows of wte's gradient to the other end's ranks that hold them (tied_exchange) and adds
-// what it receives (or, the ends alike, sums them with its counterpart in an all-reduce). Through host memory, all sends and receives posted before any wait: no device memory beyond
-// the stage's own, and no order in which two ranks wait for each other.
+// what it receives (or, the ends alike, sums them with its counterpart in an all-reduce). Through host memory, all
+// sends and receives posted before any wait: no device memory beyond the stage's own, and no order in which two ranks
+// wait for each other.
 void StageRunner::reduce_tied_embedding() {
   if (tied_.send.empty() && tied_.recv.empty()) return;
   Gpt::Param* wte = nullptr;

@@ -28,11 +28,16 @@ struct CostConstants {
   // that are their own master copy; traffic as the runtime's step moves it: the gradient norm (read, 4),
   // clipping (read + write, 8), AdamW (read+write of weight, m, v: 24, and the gradient: 4).
   static CostConstants f32() { return CostConstants{.bytes = ElementBytes::f32(), .optimizer_traffic_bytes = 40}; }
+  // bf16 as H2's runtime runs it (gpt.h): the f32 step's traffic and the refresh of the bf16 copy of the weights
+  // (read the f32 master, 4, write bf16, 2).
+  static CostConstants h2_bf16() {
+    return CostConstants{.bytes = ElementBytes::h2_bf16(), .optimizer_traffic_bytes = 46};
+  }
 };
 
 class CostModel {
  public:
-  // The constants follow train.precision.
+  // The constants follow train.precision (and train.h2_runtime).
   CostModel(const Cluster& cluster, const TransformerShape& model, const TrainSetup& train);
 
   const Cluster& cluster() const { return cluster_; }

@@ -178,6 +178,7 @@ TrainSetup setup_of(const Plan& plan) {
   TrainSetup t;
   t.global_batch = plan.global_batch;
   t.precision = plan.precision;
+  t.h2_runtime = plan.h2_runtime;
   t.zero1 = plan.zero1;
   t.micro_batches = {plan.micro_batch};
   return t;

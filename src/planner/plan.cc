@@ -166,6 +166,7 @@ std::string Plan::to_json() const {
   j["cluster"] = cluster;
   visit_model(*this, Writer{j["model"]});
   visit_layout(*this, Writer{j});
+  j["h2_runtime"] = h2_runtime;
   nlohmann::ordered_json stages_json = nlohmann::ordered_json::array();
   for (const StagePlan& s : stages) {
     nlohmann::ordered_json st;
@@ -209,6 +210,7 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
   };
   visit_model(p, object(j, "model", ""));
   visit_layout(p, top);
+  if (j.contains("h2_runtime")) top("h2_runtime", p.h2_runtime);  // absent in plans written before it: false
   const nlohmann::json& stages = top.at("stages");
   if (!stages.is_array()) top.fail("stages", "expected a list");
   for (size_t i = 0; i < stages.size(); ++i) {

@@ -68,6 +68,7 @@ struct Plan {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int chunks = 1;                          // virtual stages per rank (interleaved)
   Precision precision = Precision::kBf16;  // the setup it was costed for (model/costs.h)
+  bool h2_runtime = false;                 // ... and whose memory: H2's runtime's (TrainSetup::h2_runtime)
   bool zero1 = true;                       // optimizer state sharded over each stage's replicas
   std::vector<StagePlan> stages;
   // Predictions.

@@ -213,6 +213,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   plan.shape = s;
   plan.global_batch = c.train().global_batch;
   plan.precision = c.train().precision;
+  plan.h2_runtime = c.train().h2_runtime;
   plan.zero1 = c.train().zero1;
   plan.micro_batch = b;
   plan.num_micro_batches = m;

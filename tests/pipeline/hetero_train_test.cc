@@ -2,6 +2,10 @@
 // on this host, and whether the runtime can run a plan.
 #include "pipeline/hetero_train.h"
 
+#include <fstream>
+
+#include "model/test_data.h"
+#include "pipeline/cluster_job.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -24,6 +28,38 @@ Cluster two_types(int fast, int slow) {
           ", intra_node_gbps: 5, nic_gbps: 5}\n"
           "links:\n  - {between: [fast, slow], bandwidth_gbps: 5, latency_us: 20}\n"),
       "cluster.yaml"));
+}
+
+// The precision a cluster job trains and plans in: the config's train.precision where it sets one (a --set too),
+// else the planner file's where it sets one, else f32; the plan always counts H2's runtime's memory.
+TEST(ClusterJobPrecision, TheConfigThenThePlannersFileThenF32) {
+  const std::string dir = testing_util::temp_dir("job_precision");
+  const auto file = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return dir + "/" + name;
+  };
+  const std::string config = file("train.yaml",
+                                  "model: {n_layer: 2, n_head: 2, n_embd: 16, vocab_size: 32, seq_len: 8}\n"
+                                  "data: {train: none}\ntrain: {batch_size: 2}\n");
+  const std::string cluster = file("cluster.yaml",
+                                   "name: c\nchips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, "
+                                   "memory_bandwidth_gbps: 1}\ngroups:\n  - {chip: X, nodes: 1, chips_per_node: 2, "
+                                   "intra_node_gbps: 1, nic_gbps: 1}\n");
+  const std::string says_bf16 = file("bf16.yaml", "global_batch: 2\nprecision: bf16\n");
+  const std::string says_nothing = file("none.yaml", "global_batch: 2\n");
+  const auto job = [&](const std::string& train, std::vector<std::string> overrides) {
+    const ClusterJob j = load_cluster_job(
+        ClusterJobFiles{.config = config, .cluster = cluster, .train = train, .overrides = std::move(overrides)},
+        false);
+    EXPECT_EQ(j.setup.precision, j.run.config.precision);  // what is planned is what runs
+    EXPECT_TRUE(j.setup.h2_runtime);
+    return j.run.config.precision;
+  };
+  EXPECT_EQ(job("", {}), Precision::kF32);
+  EXPECT_EQ(job(says_nothing, {}), Precision::kF32);  // not the planner's own default, bf16
+  EXPECT_EQ(job(says_bf16, {}), Precision::kBf16);
+  EXPECT_EQ(job(says_bf16, {"train.precision=f32"}), Precision::kF32);
+  EXPECT_EQ(job("", {"train.precision=bf16"}), Precision::kBf16);
 }
 
 TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {

@@ -393,6 +393,18 @@ TEST(Plan, JsonRoundTripAndVersion) {
   bad.replace(bad.find("\"precision\": \""), 14, "\"precision\": \"fp8\", \"z\": \"");
   EXPECT_THAT(error_of([&] { Plan::from_json(bad, "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: field 'precision': \"fp8\" is not a precision"));
+  // Whose bf16 memory a plan counts comes back; a plan written before the field counts the published systems'.
+  Plan h2 = plan;
+  h2.h2_runtime = true;
+  EXPECT_TRUE(Plan::from_json(h2.to_json(), "p.json").h2_runtime);
+  EXPECT_TRUE(setup_of(Plan::from_json(h2.to_json(), "p.json")).h2_runtime);
+  std::string old = plan.to_json();
+  old.replace(old.find("\"h2_runtime\": false,"), 20, "");
+  EXPECT_FALSE(Plan::from_json(old, "p.json").h2_runtime);
+  bad = plan.to_json();
+  bad.replace(bad.find("\"h2_runtime\": false"), 19, "\"h2_runtime\": 3");
+  EXPECT_THAT(error_of([&] { Plan::from_json(bad, "p.json"); }, ErrorCode::kConfig),
+              HasSubstr("p.json: field 'h2_runtime': expected true or false, got 3"));
 }
 
 // What the simulator or the runtime could not run is refused when the plan is read (the simulator used to assert on

@@ -18,6 +18,17 @@ std::vector<float> rounded(const float* x, int64_t n) {
   return out;
 }
 
+// out = inp @ weight^T + bias with the running sum rounded to bf16 after every term.
+void bf16_accumulated(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C, int OC) {
+  for (int64_t r = 0; r < N; ++r) {
+    for (int o = 0; o < OC; ++o) {
+      float acc = bias ? round_bf16(bias[o]) : 0.0f;
+      for (int c = 0; c < C; ++c) acc = round_bf16(acc + inp[r * C + c] * weight[int64_t{o} * C + c]);
+      out[r * OC + o] = acc;
+    }
+  }
+}
+
 class VariantKernels final : public Kernels {
  public:
   explicit VariantKernels(Numerics n) : n_(n), base_(cpu_kernels()) {}
@@ -45,20 +56,18 @@ class VariantKernels final : public Kernels {
       base_.matmul_forward_bf16(out, round_to_bf16(inp, N * C).data(), round_to_bf16(weight, int64_t{OC} * C).data(),
                                 bias, N, C, OC);
     } else if (n_ == Numerics::kBf16Accumulate) {
-      for (int64_t r = 0; r < N; ++r) {
-        for (int o = 0; o < OC; ++o) {
-          float acc = bias ? round_bf16(bias[o]) : 0.0f;
-          for (int c = 0; c < C; ++c) acc = round_bf16(acc + inp[r * C + c] * weight[int64_t{o} * C + c]);
-          out[r * OC + o] = acc;
-        }
-      }
+      bf16_accumulated(out, inp, weight, bias, N, C, OC);
     } else {
       base_.matmul_forward(out, inp, weight, bias, N, C, OC);
     }
   }
   void matmul_forward_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N, int C,
                            int OC) const override {
-    base_.matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
+    if (n_ == Numerics::kBf16Accumulate) {  // bf16 training on such a chip keeps its bf16 sums
+      bf16_accumulated(out, widen_bf16(inp, N * C).data(), widen_bf16(weight, int64_t{OC} * C).data(), bias, N, C, OC);
+    } else {
+      base_.matmul_forward_bf16(out, inp, weight, bias, N, C, OC);
+    }
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int64_t N, int C, int OC) const override {
