@@ -112,6 +112,13 @@ TEST(Cli, AlignNamesTheFirstDivergingOperator) {
   EXPECT_EQ(same.status, 0) << same.output;
   EXPECT_THAT(same.output, HasSubstr("no divergence"));
   EXPECT_THAT(run_h2("align --a emu:faulty --b cpu").output, HasSubstr("emu:CHIP needs --chips FILE"));
+  // In bf16, as bf16 training runs: the faulty chip still parts at the first product.
+  const Result low = run_h2("align --a emu:faulty --b cpu --precision bf16" + chips);
+  EXPECT_EQ(low.status, 1) << low.output;
+  EXPECT_THAT(low.output, HasSubstr("first divergence: h.0.attn.c_attn (forward) (matmul_forward)"));
+  const Result bad = run_h2("align --precision fp8" + chips);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_THAT(bad.output, HasSubstr("--precision"));
 }
 
 TEST(Cli, DevicesListsBackendsAndChips) {

@@ -407,6 +407,9 @@ TEST(TrainConfig, ReadsYamlAndNamesBadFields) {
   EXPECT_EQ(c.steps, 9);
   EXPECT_DOUBLE_EQ(c.lr, 0.5);
   EXPECT_EQ(c.seq_len, 16);
+  EXPECT_EQ(c.precision, Precision::kF32);  // the default
+  root.apply_override("train.precision=bf16");
+  EXPECT_EQ(TrainConfig::from_config(root).precision, Precision::kBf16);
   EXPECT_THAT(error_of(
                   [&] {
                     ConfigNode r = ConfigNode::parse_string(yaml + "trian: {}\n", "t.yaml");
@@ -427,7 +430,8 @@ TEST(TrainConfig, ReadsYamlAndNamesBadFields) {
                            {"train.keep_checkpoints=4294967296", "'train.keep_checkpoints': must be an integer in"},
                            {"optim.eps=0", "'optim.eps': must be in [1e-30, 1], got 0"},
                            {"optim.lr=.inf", "'optim.lr': must be in"},
-                           {"optim.grad_clip=-1", "'optim.grad_clip': must be in [0, "}}) {
+                           {"optim.grad_clip=-1", "'optim.grad_clip': must be in [0, "},
+                           {"train.precision=fp8", "'train.precision': must be bf16 or f32"}}) {
     EXPECT_THAT(error_of(
                     [&] {
                       ConfigNode r = ConfigNode::parse_string(yaml, "t.yaml");
