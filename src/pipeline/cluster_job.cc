@@ -181,7 +181,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     const double failed_at = monotonic_seconds();
     const StageLayout::Place where = stage_layout_of(in.run.plan).place(result.failed_rank);
     const StagePlan& stage = in.run.plan.stages[static_cast<size_t>(where.stage)];
-    const std::string dead = stage.group_of(where.replica) ? stage.group_of(where.replica)->chip : stage.chip;
+    const std::string dead = stage.group_of(where.replica).chip;
     planned_on = planned_on.without_device(planned_on.chip_index(dead));
     ::unsetenv("H2_FAULT_KILL");  // a fault injected for the first run is not injected again
     left.emplace(planned_on, in.shape, in.setup);

@@ -176,15 +176,15 @@ class RankTraining {
 
 void RankTraining::build_stage() {
   // A stage whose replicas mix chip types: this replica's type.
-  const ReplicaGroup* group = stage_.group_of(place_.replica);
-  device_ = create_device(DeviceSpec{
-      .backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, group ? group->chip : stage_.chip)});
+  const ReplicaGroup group = stage_.group_of(place_.replica);
+  device_ =
+      create_device(DeviceSpec{.backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, group.chip)});
   const GptRange range{stage_.embedding, stage_.first_layer, stage_.first_layer + stage_.layers, stage_.head};
   // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
-  runner_ = std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
-                                          OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
-                                          ActivationPolicy{group ? group->recompute : stage_.recompute,
-                                                           max_in_flight(schedule_, place_.stage), c_.precision});
+  runner_ = std::make_unique<StageRunner>(
+      c_.model, *device_, range, layout_, comms_, rows_, T_,
+      OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
+      ActivationPolicy{group.recompute, max_in_flight(schedule_, place_.stage), c_.precision});
   runner_->model().init(c_.seed);
 }
 
@@ -293,13 +293,13 @@ nlohmann::json RankTraining::memory_report() const {
   for (int r = 0; r < static_cast<int>(peaks_.size()); ++r) {
     const StageLayout::Place p = layout_.place(r);
     const StagePlan& s = plan_.stages[static_cast<size_t>(p.stage)];
-    const ReplicaGroup* group = s.group_of(p.replica);
+    const ReplicaGroup group = s.group_of(p.replica);
     nlohmann::json entry = {{"rank", r},
                             {"stage", p.stage},
                             {"replica", p.replica},
                             {"tp_rank", p.t},
-                            {"chip", group ? group->chip : s.chip},
-                            {"planned_bytes", group ? group->memory_bytes : s.memory_bytes},
+                            {"chip", group.chip},
+                            {"planned_bytes", group.memory_bytes},
                             {"peak_bytes", peaks_[static_cast<size_t>(r)]}};
     if (static_cast<size_t>(r) < allocated_.size()) {
       // Term by term: model/costs.h's formula for this rank (its vocabulary shard) beside what it allocated.
@@ -313,7 +313,7 @@ nlohmann::json RankTraining::memory_report() const {
                         .tp = s.tp,
                         .tp_rank = p.t,
                         .optimizer_shards = run_.zero1 ? s.dp : 1,
-                        .recompute = group ? group->recompute : s.recompute,
+                        .recompute = group.recompute,
                         .in_flight = max_in_flight(schedule_, p.stage),
                         .bytes = ElementBytes::of(c_.precision)});
       const std::vector<double> want = stage_memory_terms(predicted);

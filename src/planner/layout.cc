@@ -152,16 +152,13 @@ void check_plan_on_cluster(const Plan& plan, const Cluster& cluster, const std::
   std::vector<int64_t> used(cluster.chips.size(), 0);
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
-    std::vector<std::pair<std::string, int64_t>> types = {{s.chip, s.dp}};  // chip type, replicas
-    if (!s.groups.empty()) types.clear();
-    for (const ReplicaGroup& g : s.groups) types.push_back({g.chip, g.replicas});
-    for (const auto& [chip, replicas] : types) {
-      const int k = cluster.chip_index(chip);
+    for (const ReplicaGroup& g : s.replica_groups()) {
+      const int k = cluster.chip_index(g.chip);
       if (k < 0) {
-        throw Error(ErrorCode::kConfig, cat(source, ": stage ", i, " runs on chip type '", chip, "', which cluster ",
+        throw Error(ErrorCode::kConfig, cat(source, ": stage ", i, " runs on chip type '", g.chip, "', which cluster ",
                                             cluster.name, " does not have; plan for this cluster (h2 plan --cluster)"));
       }
-      used[static_cast<size_t>(k)] += int64_t{s.tp} * replicas;
+      used[static_cast<size_t>(k)] += int64_t{s.tp} * g.replicas;
     }
   }
   for (size_t k = 0; k < used.size(); ++k) {

@@ -236,12 +236,27 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
   return p;
 }
 
-const ReplicaGroup* StagePlan::group_of(int replica) const {
-  for (const ReplicaGroup& g : groups) {
-    if (replica < g.replicas) return &g;
+std::vector<ReplicaGroup> StagePlan::replica_groups() const {
+  if (!groups.empty()) return groups;
+  return {ReplicaGroup{.chip = chip,
+                       .chip_index = chip_index,
+                       .replicas = dp,
+                       .rows = 0,
+                       .recompute = recompute,
+                       .forward_s = forward_s,
+                       .backward_s = backward_s,
+                       .memory_bytes = memory_bytes,
+                       .capacity_bytes = capacity_bytes}};
+}
+
+ReplicaGroup StagePlan::group_of(int replica) const {
+  const std::vector<ReplicaGroup> all = replica_groups();
+  for (const ReplicaGroup& g : all) {
+    if (replica < g.replicas) return g;
     replica -= g.replicas;
   }
-  return nullptr;
+  H2_CHECK(false) << "replica " << replica << " past the stage's " << dp;
+  return all.back();
 }
 
 std::vector<int> StagePlan::replica_rows() const {

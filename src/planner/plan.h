@@ -53,8 +53,11 @@ struct StagePlan {
   std::vector<ReplicaGroup> groups;
 
   int devices() const { return tp * dp; }
-  const ReplicaGroup* group_of(int replica) const;  // nullptr without groups
-  std::vector<int> replica_rows() const;            // per replica, its sequences; empty without groups
+  // The replicas of each chip type: its groups, or else all dp replicas of its own chip as one group (rows 0: an
+  // equal share each) with the stage's own recomputation, times and memory.
+  std::vector<ReplicaGroup> replica_groups() const;
+  ReplicaGroup group_of(int replica) const;  // the entry of replica_groups() that replica `replica` belongs to
+  std::vector<int> replica_rows() const;     // per replica, its sequences; empty without groups
 };
 
 struct Plan {

@@ -364,9 +364,7 @@ void set_step(const CostModel& c, Plan& plan, const std::vector<double>& finish,
   double peak = 0, sum_e = 0;
   const bool bf16 = c.train().precision == Precision::kBf16;
   for (const StagePlan& st : plan.stages) {
-    if (st.groups.empty())
-      peak += st.devices() * c.cluster().chips[static_cast<size_t>(st.chip_index)].peak_flops(bf16);
-    for (const ReplicaGroup& g : st.groups) {
+    for (const ReplicaGroup& g : st.replica_groups()) {
       peak += st.tp * g.replicas * c.cluster().chips[static_cast<size_t>(g.chip_index)].peak_flops(bf16);
     }
     sum_e += st.forward_s + st.backward_s;

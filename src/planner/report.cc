@@ -113,9 +113,9 @@ std::string explain_mix(const Baselines& b, const Plan& plan) {
     Role r;
     for (const StagePlan& s : p.stages) {
       // The stage's replicas of this type: all of them, or its group of that type in a mixed stage.
-      int replicas = s.groups.empty() && s.chip == chip ? s.dp : 0;
-      double memory = s.memory_bytes / s.capacity_bytes;
-      for (const ReplicaGroup& g : s.groups) {
+      int replicas = 0;
+      double memory = 0;
+      for (const ReplicaGroup& g : s.replica_groups()) {
         if (g.chip == chip) replicas = g.replicas, memory = g.memory_bytes / g.capacity_bytes;
       }
       if (replicas == 0) continue;
