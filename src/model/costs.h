@@ -38,8 +38,8 @@ enum class Recompute { kNone, kSelective, kFull };
 const char* recompute_name(Recompute r);                          // "none", "selective", "full"
 std::optional<Recompute> parse_recompute(std::string_view name);  // nullopt for any other name
 
-// bf16: bf16 compute with fp32 master weights and Adam moments (mixed precision); f32: everything in f32, as
-// H2's own runtime trains today.
+// bf16: bf16 compute with fp32 master weights and Adam moments (mixed precision); f32: everything in f32. H2's
+// runtime trains in either (model/gpt.h); ElementBytes says what each holds.
 enum class Precision { kBf16, kF32 };
 const char* precision_name(Precision p);                          // "bf16", "f32"
 std::optional<Precision> parse_precision(std::string_view name);  // nullopt for any other name

@@ -24,7 +24,7 @@ struct CostConstants {
   double optimizer_traffic_bytes = 28;  // per parameter and step: read+write master, m, v (24) + grad + weight
   double workspace_fraction = 0.05;     // memory kept free for allocator slack and library workspaces
 
-  // All f32 (H2's runtime today): 4-byte weights, gradients and activations; Adam m and v (8) beside weights
+  // All f32 (H2's runtime in f32): 4-byte weights, gradients and activations; Adam m and v (8) beside weights
   // that are their own master copy; traffic as the runtime's step moves it: the gradient norm (read, 4),
   // clipping (read + write, 8), AdamW (read+write of weight, m, v: 24, and the gradient: 4).
   static CostConstants f32() { return CostConstants{.bytes = ElementBytes::f32(), .optimizer_traffic_bytes = 40}; }
