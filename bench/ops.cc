@@ -1,9 +1,8 @@
 // bench_ops: every op of the cpu backend at GPT-2-small shapes (B=4, T=256, C=768, 12 heads, V=50257), each
 // beside a named alternative measured in the same run:
 //   - matmul (forward and backward) beside bare cblas_sgemm calls on the same shapes: GFLOP/s and ratio;
-//   - matmul forward and backward with bf16 inputs (H2's own kernel: Debian's OpenBLAS has no bf16 GEMM) beside the
-//   same bare
-//     f32 sgemm (goal: 1.6x);
+//   - matmul forward and backward with bf16 inputs (H2's own kernel: Debian's OpenBLAS has no bf16 GEMM) beside
+//     the same bare f32 sgemm (goal: 1.6x);
 //   - element-wise and row-wise ops beside memcpy moving the same number of bytes (read + written): GB/s, ratio;
 //   - two emu devices (speed 1.0 and 0.5) running the same op one at a time: their time ratio, target 2.0.
 // Times are medians over repetitions; ratios, not absolute times, are the result (the machine is shared).

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -79,6 +80,46 @@ void tile(int pairs, const uint32_t* a, const uint32_t* b, const float* bias, bo
   }
 }
 
+// 8 values at x as bf16 (nearest even; vcvtneps2bf16 flushes denormals to zero), or 8 bf16 loaded as they are.
+__m128i eight_bf16(const float* x) { return (__m128i)_mm256_cvtneps_pbh(_mm256_loadu_ps(x)); }
+__m128i eight_bf16(const bf16_t* x) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(x)); }
+
+// The words of kMr rows [i0, i0 + kMr) of a for pairs [k0, k0 + kc), all inside a: words[p * kMr + r]. Two layouts
+// are vectorised — a transposed operand (a.row == 1: a pair's 8 rows are 8 adjacent values of two rows of memory,
+// interleaved) and a row-major f32 one (a.col == 1: 16 values of a row convert to 8 words at once) — and the
+// rest packs word by word.
+template <typename TA>
+void pack_rows(uint32_t* words, MatrixView<TA> a, int64_t i0, int64_t k0, int kc, int64_t K) {
+  if (a.row == 1) {
+    for (int p = 0; p < kc; ++p) {
+      const TA* lo = a.data + i0 + 2 * (k0 + p) * a.col;
+      const __m128i l = eight_bf16(lo), h = eight_bf16(lo + a.col);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(words + p * kMr), _mm_unpacklo_epi16(l, h));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(words + p * kMr + 4), _mm_unpackhi_epi16(l, h));
+    }
+    return;
+  }
+  if constexpr (std::is_same_v<TA, float>) {
+    if (a.col == 1) {
+      for (int r = 0; r < kMr; ++r) {
+        const float* x = a.data + (i0 + r) * a.row + 2 * k0;
+        int p = 0;
+        for (; p + 8 <= kc; p += 8) {
+          alignas(32) uint32_t w[8];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(w),
+                             _mm256_set_m128i(eight_bf16(x + 2 * p + 8), eight_bf16(x + 2 * p)));
+          for (int q = 0; q < 8; ++q) words[(p + q) * kMr + r] = w[q];
+        }
+        for (; p < kc; ++p) words[p * kMr + r] = pair_at(a, i0 + r, k0 + p, K);
+      }
+      return;
+    }
+  }
+  for (int p = 0; p < kc; ++p) {
+    for (int r = 0; r < kMr; ++r) words[p * kMr + r] = pair_at(a, i0 + r, k0 + p, K);
+  }
+}
+
 struct AlignedFree {
   void operator()(uint32_t* p) const { std::free(p); }
 };
@@ -114,11 +155,13 @@ void gemm(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias,
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < blocks; ++i) {
         uint32_t* words = packed_a.get() + i * kc_max * kMr;
+        const int64_t first = m0 + i * kMr;
+        if (first + kMr <= M && 2 * (k0 + kc) <= K) {  // whole rows and pairs: the fast paths
+          pack_rows(words, a, first, k0, kc, K);
+          continue;
+        }
         for (int p = 0; p < kc; ++p) {
-          for (int r = 0; r < kMr; ++r) {
-            const int64_t row = m0 + i * kMr + r;
-            words[p * kMr + r] = row < M ? pair_at(a, row, k0 + p, K) : 0;
-          }
+          for (int r = 0; r < kMr; ++r) words[p * kMr + r] = first + r < M ? pair_at(a, first + r, k0 + p, K) : 0;
         }
       }  // the implicit barrier: the stretch of a is packed
       for (int64_t j0 = 0; j0 < panels; j0 += kBlockPanels) {
