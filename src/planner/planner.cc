@@ -35,7 +35,11 @@ struct StageTerms {
   double fixed_bytes[3];      // by Recompute
   double per_layer_bytes[3];  // by Recompute: a layer's state and its activations for every micro-batch in flight
   double state_layer_bytes;   // a layer's weights, gradients and optimizer state
-  StageMemorySpec spec;       // the stage without its layer count and recomputation
+  // The stage with no layers (a vocabulary-only stage), exactly: fixed_bytes, extrapolated from one and two layers,
+  // also holds the buffers a stage has once it has any block (gradient scratch, recomputation's), which would
+  // refuse a head alone on a chip it fits.
+  double empty_bytes;
+  StageMemorySpec spec;  // the stage without its layer count and recomputation
   // A stage whose replicas mix chip types: each type's own terms (its rows); the stage's times are the slowest
   // share's and its layers those that fit on every share.
   std::vector<StageTerms> shares;
@@ -54,6 +58,13 @@ struct StageTerms {
     double slowest = fwd_layer_s + bwd_layer_s[static_cast<int>(r)];
     for (const StageTerms& s : shares) slowest = std::max(slowest, s.layer_s(r));
     return slowest;
+  }
+  // Whether the stage fits with no layers, on every chip type of its replicas.
+  bool fits_empty() const {
+    for (const StageTerms& s : members()) {
+      if (s.empty_bytes + kRoundingBytes > s.usable_bytes) return false;
+    }
+    return true;
   }
   // The stage's replicas by chip type: its shares, or itself.
   std::span<const StageTerms> members() const {
@@ -95,6 +106,10 @@ void fill_memory(const CostModel& c, StageTerms& t, int chunks) {
     t.fixed_bytes[k] = total(one) - t.per_layer_bytes[k];
     t.state_layer_bytes = two.state() - one.state();
   }
+  StageMemorySpec empty = t.spec;
+  empty.layers = 0;
+  const StageMemory none = c.stage_memory(empty);
+  t.empty_bytes = none.state() + none.buffers() + t.in_flight * none.per_micro_batch() / chunks;
 }
 
 std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
@@ -454,9 +469,11 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
   };
   for (int i = 0; i < p; ++i) {
     const StageTerms& t = terms[static_cast<size_t>(i)];
-    if (t.cap(choices.back()) < least[static_cast<size_t>(i)]) {
+    const int64_t at_least = least[static_cast<size_t>(i)];
+    if (at_least == 0 ? !t.fits_empty() : t.cap(choices.back()) < at_least) {
       FitFailure f;
       score_split(c, layout, least, &f);
+      if (at_least > 0 && (t.embedding || t.head) && t.fits_empty()) f.vocabulary_alone = i;
       if (failure) *failure = f;
       return std::nullopt;
     }
@@ -613,6 +630,10 @@ struct Search {
   std::optional<Plan> best;
   static constexpr size_t kCandidates = 32;
   std::vector<Plan> finalists;  // the fastest by the closed form, fastest first
+  // Layouts whose end stage held no layer beside the embedding or head but holds it alone: the vocabulary phase
+  // tries the kCandidates of them with the lowest bound as vocabulary-only stages (all of them, thousands on the
+  // 1,024-chip example, cost a third of the search's time and change none of its plans).
+  std::vector<Layout> ends_alone;
   double best_step = kInf;
   FitFailure closest;  // the failure with the smallest memory shortfall, for the error when nothing fits
   std::atomic<int64_t> layouts{0}, pruned_memory{0}, pruned_bound{0}, evaluated{0};
@@ -678,7 +699,13 @@ struct Search {
     FitFailure f;
     const std::optional<Split> split = balanced_split(c, l, &f);
     if (!split) {
+      // An end stage that cannot hold a layer beside the embedding or the head may still hold the vocabulary
+      // alone (the vocabulary phase takes apart the ends of layouts that fit; these it tries as they are).
       std::lock_guard<std::mutex> lock(mu);
+      if (f.vocabulary_alone >= 0 && l.stages.size() > 1 && l.schedule == ScheduleKind::k1F1B) {
+        ends_alone.push_back(l);
+        ends_alone.back().stages[static_cast<size_t>(f.vocabulary_alone)].vocabulary_only = true;
+      }
       if (closest.what.empty() || (f.shortfall_bytes > 0 && f.shortfall_bytes < closest.shortfall_bytes)) closest = f;
       return;
     }
@@ -848,6 +875,12 @@ struct Search {
   // embedding or head bounds its stage's memory or time (a large vocabulary beside few layers), the stages of
   // layers take more layers or recompute less.
   void vocabulary() {
+    std::vector<std::pair<double, Layout>> alone;
+    for (Layout& l : std::exchange(ends_alone, {})) alone.emplace_back(lower_bound(l), std::move(l));
+    const size_t n = std::min(alone.size(), kCandidates);
+    std::partial_sort(alone.begin(), alone.begin() + static_cast<std::ptrdiff_t>(n), alone.end(),
+                      [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (size_t i = 0; i < n; ++i) consider(alone[i].second);
     std::vector<Layout> layouts;
     for (const Plan& p : finalists) layouts.push_back(layout_of(p, c.cluster()));
     for (const Layout& l : layouts) {

@@ -85,6 +85,9 @@ struct Layout {
 struct FitFailure {
   std::string what;  // "stage 2 (A, TP 2) needs 41.3 GiB per device with full recomputation; it has 30.4"
   double shortfall_bytes = 0;
+  // An end stage that cannot hold even one layer beside the embedding or the head but holds them alone (the search
+  // then tries it as a vocabulary-only stage); -1 otherwise.
+  int vocabulary_alone = -1;
 };
 
 // The best plan, or Error(kInvalidArgument) when nothing fits, naming the constraint that fails and by how much.

@@ -167,6 +167,54 @@ TEST(CostModel, MatchesClosedForms) {
   EXPECT_NEAR(costs.transfer_s(0, 1, 2, 2, 1), 10e-6 + bytes / 10e9 + bytes / 2 / 80e9 + 2e-6, 1e-12);
 }
 
+// The head alone on chips too small to hold it beside a layer. The local emulated cluster in bf16 as H2's runtime
+// holds it (18 bytes per parameter): the fast chips (0.15 GiB) hold half the 50,257 x 256 table and its logits
+// (136.6 MiB of 145.9 usable) but not one block more, so every layout ending on them fails its split unless the
+// search tries that end as a vocabulary-only stage itself — the vocabulary phase only takes apart layouts that
+// fit. It did not, and planned the fast chips with the embedding and three blocks at 1.7x the step time.
+TEST(Search, TriesTheHeadAloneWhereItFitsOnlyAlone) {
+  const Cluster cluster = cluster_of(R"(
+name: local
+chips:
+  - {name: fast, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 0.15, memory_bandwidth_gbps: 8}
+  - {name: slow, peak_tflops: 0.1, efficiency: 0.5, memory_gib: 1.0, memory_bandwidth_gbps: 4}
+groups:
+  - {chip: fast, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}
+  - {chip: slow, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}
+links:
+  - {between: [fast, slow], bandwidth_gbps: 5, latency_us: 20, device_direct: false}
+)");
+  const TransformerShape model{.layers = 4,
+                               .hidden = 256,
+                               .heads = 4,
+                               .kv_heads = 4,
+                               .ffn = 1024,
+                               .vocab = 50257,
+                               .seq_len = 256,
+                               .tied_embeddings = true};
+  const CostModel costs(cluster, model,
+                        TrainSetup{.global_batch = 8,
+                                   .precision = Precision::kBf16,
+                                   .h2_runtime = true,
+                                   .zero1 = false,
+                                   .micro_batches = {1, 2, 4}});
+  const Plan plan = plan_training(costs, PlannerOptions{});
+  const StagePlan& last = plan.stages.back();
+  EXPECT_EQ(last.chip, "fast") << format_plan(plan);
+  EXPECT_EQ(last.layers, 0) << format_plan(plan);
+  EXPECT_TRUE(last.head);
+  EXPECT_TRUE(plan.fits);
+  // What a block beside the head would need there: more than the chip has (the reason the split failed).
+  StageMemorySpec spec{.embedding = false,
+                       .head = true,
+                       .layers = 1,
+                       .rows = 1,
+                       .tp = last.tp,
+                       .recompute = Recompute::kFull,
+                       .in_flight = 1};
+  EXPECT_GT(costs.stage_memory(spec).total(), last.capacity_bytes);
+}
+
 TEST(Search, FitsNowhereSaysWhyAndByHowMuch) {
   TransformerShape huge = small_model(40);
   huge.hidden = 16384;
