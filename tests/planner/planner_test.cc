@@ -184,14 +184,8 @@ groups:
 links:
   - {between: [fast, slow], bandwidth_gbps: 5, latency_us: 20, device_direct: false}
 )");
-  const TransformerShape model{.layers = 4,
-                               .hidden = 256,
-                               .heads = 4,
-                               .kv_heads = 4,
-                               .ffn = 1024,
-                               .vocab = 50257,
-                               .seq_len = 256,
-                               .tied_embeddings = true};
+  const TransformerShape model = load_model(
+      ConfigNode::parse_string("layers: 4\nhidden: 256\nheads: 4\nvocab: 50257\nseq_len: 256\n", "model_small.yaml"));
   const CostModel costs(cluster, model,
                         TrainSetup{.global_batch = 8,
                                    .precision = Precision::kBf16,
