@@ -46,20 +46,23 @@ int64_t last_logged_step(const std::string& metrics) {
   return step;
 }
 
-// A given plan costed for another precision (or for bf16 as published systems hold it) still runs, in the
-// config's precision; its predicted memory and times are for what it was costed for, and the user is told.
 void warn_if_costed_otherwise(const Plan& plan, const TrainSetup& runs, const std::string& path) {
-  const auto costed = [](Precision p, bool h2) {
-    return p == Precision::kF32 ? std::string("f32") : cat("bf16 (", h2 ? "H2's runtime" : "published systems'", ")");
-  };
-  if (plan.precision == runs.precision && (plan.precision == Precision::kF32 || plan.h2_runtime)) return;
-  log_warn(path, " was costed for ", costed(plan.precision, plan.h2_runtime), "; this run trains in ",
-           costed(runs.precision, true),
-           " (train.precision), so its predicted memory and times are not this run's. Re-plan without --plan, or "
-           "set train.precision");
+  const std::string warning = costed_otherwise(plan, runs);
+  if (!warning.empty()) log_warn(path, warning);
 }
 
 }  // namespace
+
+std::string costed_otherwise(const Plan& plan, const TrainSetup& runs) {
+  const auto costed = [](Precision p, bool h2) {
+    return p == Precision::kF32 ? std::string("f32") : cat("bf16 (", h2 ? "H2's runtime" : "published systems'", ")");
+  };
+  if (plan.precision == runs.precision && (plan.precision == Precision::kF32 || plan.h2_runtime)) return "";
+  return cat(" was costed for ", costed(plan.precision, plan.h2_runtime), "; this run trains in ",
+             costed(runs.precision, true),
+             " (train.precision), so its predicted memory and times are not this run's. Re-plan without --plan, or "
+             "set train.precision");
+}
 
 ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume) {
   ClusterJob in;

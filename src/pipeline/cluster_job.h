@@ -33,6 +33,11 @@ struct ClusterJob {
 };
 ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume);
 
+// A given plan (--plan) costed for another precision than the run's, or for bf16 as published systems hold it,
+// still runs, in the run's precision; its predicted memory and times are not the run's. What to tell the user,
+// after the plan file's name; empty when the plan was costed for what runs.
+std::string costed_otherwise(const Plan& plan, const TrainSetup& runs);
+
 struct DriverOptions {
   bool profile = false;  // measure the chips and links first (h2 profile) and plan on the measured cluster
   bool quiet = false;    // no progress lines from rank 0

@@ -62,6 +62,27 @@ TEST(ClusterJobPrecision, TheConfigThenThePlannersFileThenF32) {
   EXPECT_EQ(job("", {"train.precision=bf16"}), Precision::kBf16);
 }
 
+TEST(ClusterJobPrecision, APlanCostedForAnotherPrecisionIsSaidSo) {
+  const auto warning = [](Precision planned, bool h2_runtime, Precision runs) {
+    Plan plan;
+    plan.precision = planned;
+    plan.h2_runtime = h2_runtime;
+    TrainSetup setup;
+    setup.precision = runs;
+    return costed_otherwise(plan, setup);
+  };
+  EXPECT_EQ(warning(Precision::kF32, false, Precision::kF32), "");
+  EXPECT_EQ(warning(Precision::kF32, true, Precision::kF32), "");  // f32's memory is the same either way
+  EXPECT_EQ(warning(Precision::kBf16, true, Precision::kBf16), "");
+  EXPECT_THAT(warning(Precision::kF32, false, Precision::kBf16),
+              HasSubstr("was costed for f32; this run trains in bf16 (H2's runtime)"));
+  EXPECT_THAT(warning(Precision::kBf16, true, Precision::kF32),
+              HasSubstr("was costed for bf16 (H2's runtime); this run trains in f32"));
+  // Costed as published systems hold bf16 (16 bytes a parameter), run by H2 (18).
+  EXPECT_THAT(warning(Precision::kBf16, false, Precision::kBf16),
+              HasSubstr("was costed for bf16 (published systems'); this run trains in bf16 (H2's runtime)"));
+}
+
 TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
   // Enough cores: the fastest type runs at the host's speed.
   EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "fast", 8).speed, 1.0);
