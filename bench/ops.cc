@@ -144,6 +144,7 @@ void bandwidth_table(Device& dev) {
       {"gelu_forward (N x 4C)", 2 * f * n4, [&] { ops::gelu_forward(z4, x4); }},
       {"gelu_backward (N x 4C)", 3 * f * n4, [&] { ops::gelu_backward(z4, x4, y4); }},
       {"gelu_forward bf16 (N x 4C)", 2 * 2.0 * n4, [&] { ops::gelu_forward(h4_out, h4); }},
+      {"gelu_backward bf16 inp (N x 4C)", (2 + 2 * f) * n4, [&] { ops::gelu_backward(z4, h4, y4); }},
       {"residual_forward (N x C)", 3 * f * nc, [&] { ops::residual_forward(o, a, b); }},
       {"convert f32->bf16 (N x 4C)", (f + 2) * n4, [&] { ops::convert(h4, x4); }},
       {"convert bf16->f32 (N x 4C)", (f + 2) * n4, [&] { ops::convert(z4, h4); }},
@@ -173,8 +174,17 @@ void bandwidth_table(Device& dev) {
   const double aflops = 4.0 * B * NH * static_cast<double>(T) * T * (C / NH) / 2;
   const double t_af = time_median([&] { ops::attention_forward(aout, att, qkv, NH); });
   const double t_ab = time_median([&] { ops::attention_backward(dqkv, a.reshape({B, T, C}), qkv, att, NH); });
-  std::printf("\n## attention (causal FLOPs)\n%-30s %10.1f GF/s\n%-30s %10.1f GF/s\n", "attention_forward",
-              aflops / t_af * 1e-9, "attention_backward", 2 * aflops / t_ab * 1e-9);
+  // bf16: q/k/v, the probabilities and the output in bf16 (what bf16 training keeps), beside f32 in the same run.
+  Tensor qkv16 = dev.empty(DType::kBF16, {B, T, 3 * C}), att16 = dev.empty(DType::kBF16, {B, NH, T, T});
+  Tensor aout16 = dev.empty(DType::kBF16, {B, T, C});
+  ops::convert(qkv16, qkv);
+  const double t_af16 = time_median([&] { ops::attention_forward(aout16, att16, qkv16, NH); });
+  const double t_ab16 = time_median([&] { ops::attention_backward(dqkv, a.reshape({B, T, C}), qkv16, att16, NH); });
+  std::printf("\n## attention (causal FLOPs)\n%-30s %10s %10s %8s\n", "op", "f32 GF/s", "bf16 GF/s", "bf16/f32");
+  std::printf("%-30s %10.1f %10.1f %8.2f\n", "attention_forward", aflops / t_af * 1e-9, aflops / t_af16 * 1e-9,
+              t_af / t_af16);
+  std::printf("%-30s %10.1f %10.1f %8.2f\n", "attention_backward", 2 * aflops / t_ab * 1e-9, 2 * aflops / t_ab16 * 1e-9,
+              t_ab / t_ab16);
 }
 
 void emu_table() {

@@ -13,7 +13,7 @@ namespace h2 {
 namespace {
 
 std::vector<float> host(const Tensor& t) {
-  if (t.dtype() == DType::kBF16) {  // a product's input in bf16 (gpt.h)
+  if (t.dtype() == DType::kBF16) {  // an activation kept in bf16 (gpt.h)
     std::vector<bf16_t> low(static_cast<size_t>(t.numel()));
     copy_to_host(low.data(), t);
     return widen_bf16(low.data(), t.numel());

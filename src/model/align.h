@@ -34,8 +34,8 @@ struct AlignReport {
 
 // Builds the model on both devices with the weights of `seed`, runs one forward and backward on B x T tokens
 // drawn from `seed` in `precision` (both sides: chips compared in the precision training runs in), and compares.
-// An output kept in bf16 (a product's input, gpt.h) may differ by one bf16 rounding of inputs that differ in f32's
-// last bits: its tolerance is at least kBf16Storage.
+// An output kept in bf16 (an activation inside a block, gpt.h) may differ by one bf16 rounding of inputs that differ in
+// f32's last bits: its tolerance is at least kBf16Storage.
 inline constexpr double kBf16Storage = 1.0 / 256;  // 2^-8: one bf16 ulp, relative
 AlignReport align_devices(const GptConfig& config, Device& a, Device& b, int B, int T, uint64_t seed,
                           Precision precision = Precision::kF32);

@@ -155,22 +155,23 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   r.weights = P * e.weight;
   r.grads = P * e.grad;
   r.optimizer = std::ceil(P / m.optimizer_shards) * e.optimizer + P * e.master;
-  // A block's activations (gpt.h, BlockActs): ln1, attproj, res2, ln2, fcproj and res3 whole on every TP rank;
-  // qkv, the attention output and both MLP activations divided; the LayerNorm statistics; the attention
-  // probabilities. Selective recomputation drops the probabilities, full keeps the block's output (res3) only.
-  // Of them ln1, ln2 (whole), the attention output and the GELU's output (divided) are matrix products' inputs.
+  // A block's activations (gpt.h, BlockActs): the residual stream's attproj, res2, fcproj and res3 (whole on every
+  // TP rank); ln1 and ln2 (whole), qkv, the attention output and both MLP activations (divided) and the attention
+  // probabilities, in the block's activation precision; the LayerNorm statistics. Selective recomputation drops the
+  // probabilities, full keeps the block's output (res3) only.
   const double split = (qkv + C + 2 * ffn) / t, stats = 4 * bt * kStatBytes;
-  const double gemm_in = 2 * C + (C + ffn) / t, other = 6 * C + split - gemm_in;
-  const double block_all = bt * (other * e.activation + gemm_in * e.gemm_input) + stats + att * e.activation;
+  const double block_all =
+      bt * (4 * C * e.activation + (2 * C + split) * e.block_activation) + stats + att * e.block_activation;
   const double block_kept = m.recompute == Recompute::kNone        ? block_all
-                            : m.recompute == Recompute::kSelective ? block_all - att * e.activation
+                            : m.recompute == Recompute::kSelective ? block_all - att * e.block_activation
                                                                    : bt * C * e.activation;
   r.activations = L * block_kept;
   if (m.embedding) r.activations += bt * C * e.activation;  // the embedding's output
-  if (m.head) r.activations += bt * C * e.gemm_input + 3 * bt * kStatBytes + bt * V * e.logits;  // ln_f, stats, logits
+  if (m.head)
+    r.activations += bt * C * e.block_activation + 3 * bt * kStatBytes + bt * V * e.logits;  // ln_f, stats, logits
   r.inputs = m.embedding ? bt * kTokenBytes : bt * C * e.activation;
   // Recomputation writes into one block's worth, shared: the probabilities (selective) or all but res3 (full).
-  if (m.layers > 0 && m.recompute == Recompute::kSelective) r.recompute = att * e.activation;
+  if (m.layers > 0 && m.recompute == Recompute::kSelective) r.recompute = att * e.block_activation;
   if (m.layers > 0 && m.recompute == Recompute::kFull) r.recompute = block_all - bt * C * e.activation;
   // The model's gradient buffers: two for the gradient flowing back, five more for a block's, one for the head.
   r.grad_scratch = 2 * bt * C * e.activation;

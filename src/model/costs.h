@@ -85,23 +85,23 @@ std::vector<OpWork> head_ops(const TransformerShape& s, int64_t B, int64_t T, in
 // master weights and Adam moments as the published systems count it (Rajbhandari et al. 2020: 2 + 2 + 12 bytes per
 // parameter, every activation bf16); h2_bf16() H2's runtime in bf16 (gpt.h, precision): a bf16 copy of the
 // weights for the matrix products, f32 gradients, f32 master weights beside Adam's moments (Megatron-LM's 18 bytes
-// per parameter with gradients accumulated in fp32), the products' inputs kept in bf16 and every other activation
-// in f32.
+// per parameter with gradients accumulated in fp32), the activations inside a block kept in bf16 and the residual
+// stream in f32.
 struct ElementBytes {
   double weight = 4;     // parameters used by compute
   double grad = 4;       // parameter gradients
   double optimizer = 8;  // per parameter, before ZeRO-1 sharding: Adam m and v (+ an fp32 master copy)
   double activation = 4;
-  double logits = 4;      // the loss computes in fp32 over (B, T, V / TP)
-  double master = 0;      // per parameter, not sharded by ZeRO-1: H2's f32 master copy beside a bf16 one
-  double gemm_input = 4;  // the activations that are a matrix product's input (ln_1, ln_2, ln_f, the attention
-                          // output, the GELU's output)
+  double logits = 4;            // the loss computes in fp32 over (B, T, V / TP)
+  double master = 0;            // per parameter, not sharded by ZeRO-1: H2's f32 master copy beside a bf16 one
+  double block_activation = 4;  // the activations inside a block and ln_f: the LayerNorms' outputs, qkv, the
+                                // attention probabilities and output, the MLP's hidden and GELU outputs
   static ElementBytes f32() { return {}; }
   static ElementBytes mixed_bf16() {
-    return {.weight = 2, .grad = 2, .optimizer = 12, .activation = 2, .logits = 4, .gemm_input = 2};
+    return {.weight = 2, .grad = 2, .optimizer = 12, .activation = 2, .logits = 4, .block_activation = 2};
   }
   static ElementBytes h2_bf16() {
-    return {.weight = 2, .grad = 4, .optimizer = 8, .activation = 4, .logits = 4, .master = 4, .gemm_input = 2};
+    return {.weight = 2, .grad = 4, .optimizer = 8, .activation = 4, .logits = 4, .master = 4, .block_activation = 2};
   }
   static ElementBytes of(Precision p) { return p == Precision::kBf16 ? h2_bf16() : f32(); }  // what H2's runtime holds
 };

@@ -228,14 +228,14 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
 
   // What recomputation writes into, shared by every block and slot (model/costs.h counts the same tensors).
   auto f32 = [&](Shape s) { return device.empty(DType::kF32, s); };
-  auto in = [&](Shape s) { return device.empty(bf16() ? DType::kBF16 : DType::kF32, s); };  // a product's input
+  auto lowp = [&](Shape s) { return device.empty(bf16() ? DType::kBF16 : DType::kF32, s); };  // kept in bf16
   const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = int64_t{B} * T;
-  if (!blocks_.empty() && policy_.recompute == Recompute::kSelective) shared_.att = f32({B, NH, T, T});
+  if (!blocks_.empty() && policy_.recompute == Recompute::kSelective) shared_.att = lowp({B, NH, T, T});
   if (!blocks_.empty() && policy_.recompute == Recompute::kFull) {
-    shared_ =
-        BlockActs{in({B, T, C}),      f32({bt}),           f32({bt}),          f32({B, T, 3 * Cs}), in({B, T, Cs}),
-                  f32({B, NH, T, T}), f32({B, T, C}),      f32({B, T, C}),     in({B, T, C}),       f32({bt}),
-                  f32({bt}),          f32({B, T, 4 * Cs}), in({B, T, 4 * Cs}), f32({B, T, C}),      Tensor()};
+    shared_ = BlockActs{lowp({B, T, C}),      f32({bt}),           f32({bt}),      lowp({B, T, 3 * Cs}),
+                        lowp({B, T, Cs}),     lowp({B, NH, T, T}), f32({B, T, C}), f32({B, T, C}),
+                        lowp({B, T, C}),      f32({bt}),           f32({bt}),      lowp({B, T, 4 * Cs}),
+                        lowp({B, T, 4 * Cs}), f32({B, T, C}),      Tensor()};
   }
   allocated_.recompute = measured();
   for (int i = 0; i < policy_.slots; ++i) slots_.push_back(allocate_activations());
@@ -267,7 +267,7 @@ Gpt::Activations Gpt::allocate_activations() {
   const int64_t B = B_, T = T_, C = config_.n_embd;
   const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = B * T;
   auto f32 = [&](Shape s) { return device_->empty(DType::kF32, s); };
-  auto in = [&](Shape s) { return device_->empty(bf16() ? DType::kBF16 : DType::kF32, s); };  // a product's input
+  auto lowp = [&](Shape s) { return device_->empty(bf16() ? DType::kBF16 : DType::kF32, s); };  // kept in bf16
   Activations a;
   if (range_.embedding) a.encoded = f32({B, T, C});
   for (size_t b = 0; b < blocks_.size(); ++b) {
@@ -277,13 +277,13 @@ Gpt::Activations Gpt::allocate_activations() {
       a.blocks.push_back(acts);
       continue;
     }
-    a.blocks.push_back({in({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 3 * Cs}), in({B, T, Cs}),
-                        policy_.recompute == Recompute::kSelective ? shared_.att : f32({B, NH, T, T}), f32({B, T, C}),
-                        f32({B, T, C}), in({B, T, C}), f32({bt}), f32({bt}), f32({B, T, 4 * Cs}), in({B, T, 4 * Cs}),
-                        f32({B, T, C}), f32({B, T, C})});
+    a.blocks.push_back({lowp({B, T, C}), f32({bt}), f32({bt}), lowp({B, T, 3 * Cs}), lowp({B, T, Cs}),
+                        policy_.recompute == Recompute::kSelective ? shared_.att : lowp({B, NH, T, T}), f32({B, T, C}),
+                        f32({B, T, C}), lowp({B, T, C}), f32({bt}), f32({bt}), lowp({B, T, 4 * Cs}),
+                        lowp({B, T, 4 * Cs}), f32({B, T, C}), f32({B, T, C})});
   }
   if (range_.head) {
-    a.lnf = in({B, T, C});
+    a.lnf = lowp({B, T, C});
     a.lnf_mean = f32({bt});
     a.lnf_rstd = f32({bt});
     a.logits = f32({B, T, vocab_.count});
@@ -338,13 +338,12 @@ const Tensor& Gpt::dinput() const {
 void Gpt::block_forward(int b, const Tensor& x) {
   const BlockParams& w = blocks_[static_cast<size_t>(b)];
   const BlockActs& a = acts().blocks[static_cast<size_t>(b)];
-  // In bf16 the products' inputs are made in the gradient buffers of their shapes, unused until backward (and
-  // free at the start of a block's backward, where kFull recomputes this).
+  // In bf16 what LayerNorms and products write is made in the gradient buffers of its shape, unused until backward
+  // (and free at the start of a block's backward, where kFull recomputes this).
   produce(a.ln1, g_tmp_,
           [&](const Tensor& o) { ops::layernorm_forward(o, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b); });
-  ops::matmul_forward(a.qkv, a.ln1, low(w.qkv_w), w.qkv_b);
-  produce(a.atty, g_atty_,
-          [&](const Tensor& o) { ops::attention_forward(o, a.att, a.qkv, config_.n_head / tp_.size); });
+  produce(a.qkv, g_qkv_, [&](const Tensor& o) { ops::matmul_forward(o, a.ln1, low(w.qkv_w), w.qkv_b); });
+  ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
   // Row-parallel: each rank's partial product, summed over the ranks; one of them adds the bias.
   const bool bias_here = tp_.rank == 0;
   ops::matmul_forward(a.attproj, a.atty, low(w.proj_w), bias_here ? w.proj_b : Tensor());
@@ -352,8 +351,8 @@ void Gpt::block_forward(int b, const Tensor& x) {
   ops::residual_forward(a.res2, x, a.attproj);
   produce(a.ln2, g_tmp_,
           [&](const Tensor& o) { ops::layernorm_forward(o, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b); });
-  ops::matmul_forward(a.fch, a.ln2, low(w.fc_w), w.fc_b);
-  produce(a.fch_gelu, g_fch_gelu_, [&](const Tensor& o) { ops::gelu_forward(o, a.fch); });
+  produce(a.fch, g_fch_, [&](const Tensor& o) { ops::matmul_forward(o, a.ln2, low(w.fc_w), w.fc_b); });
+  ops::gelu_forward(a.fch_gelu, a.fch);
   ops::matmul_forward(a.fcproj, a.fch_gelu, low(w.fcproj_w), bias_here ? w.fcproj_b : Tensor());
   if (tp_.size > 1) tp_.all_reduce(a.fcproj);
   ops::residual_forward(a.res3, a.res2, a.fcproj);
@@ -489,8 +488,7 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
     if (policy_.recompute == Recompute::kFull) {
       block_forward(b, x);
     } else {
-      produce(a.atty, g_atty_,
-              [&](const Tensor& o) { ops::attention_forward(o, a.att, a.qkv, config_.n_head / tp_.size); });
+      ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
     }
     device_->synchronize();
     recompute_s_ += monotonic_seconds() - start;
@@ -545,15 +543,20 @@ void Gpt::backward(const Tensor& dout) {
 }
 
 // Gradients share the parameters' layout, so a parameter's gradient sits at the same offset of flat_grads_.
-Tensor Gpt::grad_of(const Tensor& value) const {
+int64_t Gpt::param_offset(const Tensor& value) const {
   const int64_t offset = (value.data_as<float>() - flat_params_.data_as<float>());
   H2_CHECK(offset >= 0 && offset + value.numel() <= flat_params_.numel()) << "not a parameter of this model";
+  return offset;
+}
+
+Tensor Gpt::grad_of(const Tensor& value) const {
+  const int64_t offset = param_offset(value);
   return flat_grads_.slice(offset, offset + value.numel()).reshape(value.shape());
 }
 
 Tensor Gpt::low(const Tensor& value) const {
   if (!bf16()) return value;
-  const int64_t offset = (value.data_as<float>() - flat_params_.data_as<float>());
+  const int64_t offset = param_offset(value);
   return flat_low_.slice(offset, offset + value.numel()).reshape(value.shape());
 }
 

@@ -33,10 +33,13 @@
 // whole tensor (checkpoints and initialisation use them).
 // Mixed precision (ActivationPolicy::precision = kBf16; Micikevicius et al. 2018, with bf16 as Kalamkar et al. 2019):
 // the f32 parameters are the master copy the optimizer updates; the matrix products read a bf16 copy of them,
-// made at the first forward after parameters_changed(), and bf16 inputs: the LayerNorms', the attention's and the
-// GELU's outputs are kept in bf16 (written in f32 into a gradient buffer that is free at that moment, then
-// rounded). Their output, every other activation, the gradients, LayerNorm, softmax, the loss and every reduction
-// stay f32; backward rounds each product's output gradient to bf16 as the kernel reads it.
+// made at the first forward after parameters_changed(). The activations inside a block are kept in bf16: the
+// LayerNorms' outputs, qkv, the attention probabilities and output, the MLP's hidden activation and the GELU's
+// output (the LayerNorms and the products whose outputs they are write f32 into a gradient buffer that is free at
+// that moment, then rounded; attention and GELU have bf16 kernels that compute in f32). The residual stream (the
+// embedding, the projections' outputs, res2, res3: what stages send each other), the LayerNorm statistics, the
+// logits, every gradient, the loss and every reduction stay f32; backward rounds each product's output gradient to
+// bf16 as the kernel reads it.
 // Deliberately not here: dropout, KV caching for generation, sequence parallelism.
 #pragma once
 
@@ -203,11 +206,12 @@ class Gpt {
     Tensor lnf, lnf_mean, lnf_rstd, logits, losses;
   };
   Activations allocate_activations();
+  int64_t param_offset(const Tensor& value) const;  // where a parameter sits in the flat buffers; checked
   Tensor grad_of(const Tensor& value) const;
   Tensor low(const Tensor& value) const;  // what a product reads of a parameter: its bf16 copy, or itself in f32
   bool bf16() const { return policy_.precision == Precision::kBf16; }
-  // Writes an activation that a product reads: `make` writes it into `stage` (f32, free at the moment), then it is
-  // rounded into `act`; in f32, `make` writes into `act` itself.
+  // Writes an activation kept in bf16 with a kernel that writes f32: `make` writes it into `stage` (f32, free at
+  // the moment), then it is rounded into `act`; in f32, `make` writes into `act` itself.
   void produce(const Tensor& act, const Tensor& stage, const std::function<void(const Tensor&)>& make);
   void block_forward(int b, const Tensor& x);
   void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);

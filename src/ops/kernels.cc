@@ -90,8 +90,14 @@ void Kernels::attention_forward(float*, float*, const float*, int, int, int, int
 void Kernels::attention_backward(float*, const float*, const float*, const float*, int, int, int, int) const {
   H2_NOT_IMPLEMENTED(Op::kAttentionBackward);
 }
+void Kernels::attention_forward_bf16(bf16_t*, bf16_t*, const bf16_t*, int, int, int, int) const {
+  H2_NOT_IMPLEMENTED(Op::kAttentionForward);
+}
+void Kernels::attention_backward_bf16(float*, const float*, const bf16_t*, const bf16_t*, int, int, int, int) const {
+  H2_NOT_IMPLEMENTED(Op::kAttentionBackward);
+}
 void Kernels::gelu_forward(void*, const void*, DType, int64_t) const { H2_NOT_IMPLEMENTED(Op::kGeluForward); }
-void Kernels::gelu_backward(void*, const void*, const void*, DType, int64_t) const {
+void Kernels::gelu_backward(float*, const void*, const float*, DType, int64_t) const {
   H2_NOT_IMPLEMENTED(Op::kGeluBackward);
 }
 void Kernels::residual_forward(void*, const void*, const void*, DType, int64_t) const {

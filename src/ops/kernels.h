@@ -115,9 +115,16 @@ class Kernels {
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) const;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T,
                                   int C, int NH) const;
-  // Element-wise; f32 or bf16 (computed in f32 or better).
+  // The same with qkv, att and out in bf16 (supports(kAttentionForward, kBF16)), computed in f32 or better. The
+  // probabilities are rounded to bf16 before they weigh V, so that forward and backward use the same ones.
+  virtual void attention_forward_bf16(bf16_t* out, bf16_t* att, const bf16_t* qkv, int B, int T, int C, int NH) const;
+  // qkv and att in bf16, the gradients dout and dqkv in f32 (supports(kAttentionBackward, kBF16)).
+  virtual void attention_backward_bf16(float* dqkv, const float* dout, const bf16_t* qkv, const bf16_t* att, int B,
+                                       int T, int C, int NH) const;
+  // Element-wise; f32 or bf16 (computed in f32 or better). gelu_backward's dtype is inp's: its gradients dinp and
+  // dout are f32 in both (bf16 training keeps gradients in f32).
   virtual void gelu_forward(void* out, const void* inp, DType dtype, int64_t N) const;
-  virtual void gelu_backward(void* dinp, const void* inp, const void* dout, DType dtype, int64_t N) const;
+  virtual void gelu_backward(float* dinp, const void* inp, const float* dout, DType dtype, int64_t N) const;
   virtual void residual_forward(void* out, const void* inp1, const void* inp2, DType dtype, int64_t N) const;
   // Fused softmax + cross-entropy and its gradient. logits (N,V); targets (N) in [0, V) or -1 (ignored: loss 0,
   // gradient 0). losses (N) = -log softmax(logits)[target]; dlogits (N,V) = (softmax - onehot) * dloss.

@@ -312,9 +312,11 @@ namespace {
 struct AttentionDims {
   int64_t B, T, C;
 };
+// qkv and att both f32, or both bf16.
 AttentionDims attention_dims(const Args& a, const Tensor& qkv, const Tensor& att, int num_heads) {
-  a.dtype(qkv, "qkv", DType::kF32);
-  a.dtype(att, "att", DType::kF32);
+  a.defined(qkv, "qkv");
+  a.dtype(qkv, "qkv", qkv.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32);
+  a.dtype(att, "att", qkv.dtype());
   const int64_t B = a.dim(qkv, "qkv", 3, 0), T = qkv.shape()[1], C3 = qkv.shape()[2];
   a.positive(num_heads, "num_heads");
   if (C3 <= 0 || C3 % 3 != 0) a.fail(cat("'qkv' has shape ", qkv.shape().str(), "; its last dimension must be 3*C"));
@@ -328,13 +330,18 @@ AttentionDims attention_dims(const Args& a, const Tensor& qkv, const Tensor& att
 void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int num_heads) {
   Args a(Op::kAttentionForward);
   const auto [B, T, C] = attention_dims(a, qkv, att, num_heads);
-  a.dtype(out, "out", DType::kF32);
+  const DType dtype = qkv.dtype();
+  a.dtype(out, "out", dtype);
   a.numel(out, "out", B * T * C, cat("B*T*C = ", B, "*", T, "*", C));
   Device& dev = a.device({&out, &att, &qkv});
   if (B * T == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
-    k.attention_forward(out.data_as<float>(), att.data_as<float>(), qkv.data_as<float>(), checked_int(a, B, "B"),
-                        checked_int(a, T, "T"), checked_int(a, C, "C"), num_heads);
+  const int b = checked_int(a, B, "B"), t = checked_int(a, T, "T"), c = checked_int(a, C, "C");
+  run(dev, a.op(), dtype, [&](const Kernels& k) {
+    if (dtype == DType::kBF16) {
+      k.attention_forward_bf16(out.data_as<bf16_t>(), att.data_as<bf16_t>(), qkv.data_as<bf16_t>(), b, t, c, num_heads);
+    } else {
+      k.attention_forward(out.data_as<float>(), att.data_as<float>(), qkv.data_as<float>(), b, t, c, num_heads);
+    }
   });
 }
 
@@ -347,9 +354,16 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
   a.dtype(dqkv, "dqkv", DType::kF32);
   Device& dev = a.device({&dqkv, &dout, &qkv, &att});
   if (B * T == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
-    k.attention_backward(dqkv.data_as<float>(), dout.data_as<float>(), qkv.data_as<float>(), att.data_as<float>(),
-                         checked_int(a, B, "B"), checked_int(a, T, "T"), checked_int(a, C, "C"), num_heads);
+  const int b = checked_int(a, B, "B"), t = checked_int(a, T, "T"), c = checked_int(a, C, "C");
+  const DType dtype = qkv.dtype();
+  run(dev, a.op(), dtype, [&](const Kernels& k) {
+    if (dtype == DType::kBF16) {
+      k.attention_backward_bf16(dqkv.data_as<float>(), dout.data_as<float>(), qkv.data_as<bf16_t>(),
+                                att.data_as<bf16_t>(), b, t, c, num_heads);
+    } else {
+      k.attention_backward(dqkv.data_as<float>(), dout.data_as<float>(), qkv.data_as<float>(), att.data_as<float>(), b,
+                           t, c, num_heads);
+    }
   });
 }
 
@@ -379,11 +393,17 @@ void gelu_forward(const Tensor& out, const Tensor& inp) {
 
 void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   Args a(Op::kGeluBackward);
-  const DType dtype = elementwise(a, {{&dinp, "dinp"}, {&inp, "inp"}, {&dout, "dout"}});
+  a.defined(inp, "inp");
+  a.dtype(dinp, "dinp", DType::kF32);
+  a.dtype(dout, "dout", DType::kF32);
+  a.same_shape(dinp, "dinp", inp, "inp");
+  a.same_shape(dout, "dout", inp, "inp");
+  const DType dtype = inp.dtype();
   Device& dev = a.device({&dinp, &inp, &dout});
   if (dinp.numel() == 0) return;
-  run(dev, a.op(), dtype,
-      [&](const Kernels& k) { k.gelu_backward(dinp.data(), inp.data(), dout.data(), dtype, dinp.numel()); });
+  run(dev, a.op(), dtype, [&](const Kernels& k) {
+    k.gelu_backward(dinp.data_as<float>(), inp.data(), dout.data_as<float>(), dtype, dinp.numel());
+  });
 }
 
 void residual_forward(const Tensor& out, const Tensor& inp1, const Tensor& inp2) {

@@ -28,10 +28,11 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight);
-// qkv (B,T,3C); out (B,T,C); att (B,NH,T,T).
+// qkv (B,T,3C); out (B,T,C); att (B,NH,T,T): all f32, or all bf16. dqkv and dout are f32 in both.
 void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int num_heads);
 void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int num_heads);
 void gelu_forward(const Tensor& out, const Tensor& inp);
+// inp f32 or bf16; dinp and dout f32.
 void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout);
 void residual_forward(const Tensor& out, const Tensor& inp1, const Tensor& inp2);
 // logits (...,V); targets with one i32 per row; losses with one f32 per row; dlogits like logits.

@@ -101,7 +101,7 @@ struct TrainSetup {
   int64_t global_batch = 0;  // sequences per optimizer step
   Precision precision = Precision::kBf16;
   // Cost the memory H2's own runtime allocates in bf16 (model/costs.h, ElementBytes::h2_bf16: f32 gradients and
-  // master weights, only the products' inputs in bf16) rather than the published systems' mixed precision
+  // master weights, the residual stream in f32) rather than the published systems' mixed precision
   // (ElementBytes::mixed_bf16). h2 train --cluster sets it; f32 is the same either way.
   bool h2_runtime = false;
   std::vector<Recompute> allowed_recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};

@@ -197,11 +197,12 @@ double normalised_error(const std::vector<float>& a, const std::vector<float>& b
 }
 
 // bf16 training's numerics. The cpu backend's bf16 path against the ref backend's (which widens bf16 and sums in
-// f64: the same rounding points, computed independently) agree but for the few products' inputs whose f32 values
-// (LayerNorm, attention, GELU, which differ between the backends in their last bits) straddle a bf16 rounding
-// boundary: 1e-7 in the Release build, 2.6e-4 in the sanitizer build, where the cpu kernels compile differently.
-// Rounding dout by truncation instead of to nearest gives 5.6e-3. Against f32, bf16 differs by the rounding of the
-// products' inputs to 8 bits of mantissa: visibly, so the bf16 path did run, but by well under a percent.
+// f64: the same rounding points, computed independently) agree but for the few bf16 activations whose f32 values
+// (LayerNorm, the products, attention, GELU, which differ between the backends in their last bits) straddle a bf16
+// rounding boundary: 1e-7 in the Release build, 2.6e-4 in the sanitizer build, where the cpu kernels compile
+// differently. Rounding dout by truncation instead of to nearest gives 5.6e-3. Against f32, bf16 differs by the
+// rounding of the block's activations to 8 bits of mantissa: visibly, so the bf16 path did run, but by well under
+// a percent (2.8e-3).
 // Recomputation in bf16 recomputes the same bf16 activations.
 TEST(Gpt, Bf16MatchesTheReferenceAndStaysNearF32) {
   const Pass cpu = one_pass("cpu", Precision::kBf16), ref = one_pass("ref", Precision::kBf16);

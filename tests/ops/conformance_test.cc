@@ -54,7 +54,7 @@ class FaultyKernels final : public Kernels {
     static_cast<float*>(out)[0] += 1.0f;
   }
   // Writes its input.
-  void gelu_backward(void* dinp, const void* inp, const void* dout, DType dtype, int64_t N) const override {
+  void gelu_backward(float* dinp, const void* inp, const float* dout, DType dtype, int64_t N) const override {
     cpu_kernels().gelu_backward(dinp, inp, dout, dtype, N);
     const_cast<float*>(static_cast<const float*>(inp))[N - 1] = 0.0f;
   }

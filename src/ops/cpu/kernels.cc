@@ -50,18 +50,17 @@ void gelu_forward_impl(void* out_, const void* inp_, int64_t N) {
   }
 }
 
+// inp in IO's type; the gradients f32.
 template <typename IO>
-void gelu_backward_impl(void* dinp_, const void* inp_, const void* dout_, int64_t N) {
-  auto* dinp = static_cast<typename IO::T*>(dinp_);
+void gelu_backward_impl(float* dinp, const void* inp_, const float* dout, int64_t N) {
   const auto* inp = static_cast<const typename IO::T*>(inp_);
-  const auto* dout = static_cast<const typename IO::T*>(dout_);
   const float s = static_cast<float>(kGeluScale), k = static_cast<float>(kGeluCubic);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     const float x = IO::load(inp, i);
     const float th = vtanh(s * (x + k * x * x * x));
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * s * (1.0f + 3.0f * k * x * x);
-    IO::store(dinp, i, grad * IO::load(dout, i));
+    dinp[i] = grad * dout[i];
   }
 }
 
@@ -72,6 +71,93 @@ void residual_forward_impl(void* out_, const void* a_, const void* b_, int64_t N
   const auto* b = static_cast<const typename IO::T*>(b_);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < N; ++i) IO::store(out, i, IO::load(a, i) + IO::load(b, i));
+}
+
+// One head's q, k, v (T rows of hs at stride ld, k at +C and v at +2C) widened from bf16 into dst: q, k, v one after
+// the other, each T x hs.
+void widen_head(float* dst, const bf16_t* src, int ld, int C, int T, int hs) {
+  for (int part = 0; part < 3; ++part) {
+    for (int t = 0; t < T; ++t) {
+      const bf16_t* row = src + int64_t{t} * ld + int64_t{part} * C;
+      float* d = dst + (int64_t{part} * T + t) * hs;
+      for (int i = 0; i < hs; ++i) d[i] = bf16_to_f32(row[i]);
+    }
+  }
+}
+
+// One (batch, head) of the causal attention forward, tile by tile (kAttentionTile query rows, which only need the
+// keys up to their last row): S = scale Q K^T into probs(r0) (the tile's rows, stride T), a masked softmax per
+// row, done(r0, r1, S) (the bf16 variant rounds the probabilities there), then o = P V. q, k, v: T rows of hs at
+// stride ld; o: stride ldo.
+template <typename Probs, typename Done>
+void attention_head_forward(const float* q, const float* k, const float* v, int ld, float* o, int ldo, int T, int hs,
+                            Probs&& probs, Done&& done) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int r0 = 0; r0 < T; r0 += kAttentionTile) {
+    const int r1 = std::min(T, r0 + kAttentionTile), rows = r1 - r0;
+    float* s = probs(r0);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, hs, scale, q + int64_t{r0} * ld, ld, k, ld, 0.0f, s,
+                T);
+    for (int t = r0; t < r1; ++t) {
+      float* row = s + int64_t{t - r0} * T;
+      float max = -INFINITY;
+#pragma omp simd reduction(max : max)
+      for (int t2 = 0; t2 <= t; ++t2) max = row[t2] > max ? row[t2] : max;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int t2 = 0; t2 <= t; ++t2) {
+        row[t2] = vexp(row[t2] - max);
+        sum += row[t2];
+      }
+      const float inv = 1.0f / sum;
+#pragma omp simd
+      for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
+      std::fill(row + t + 1, row + T, 0.0f);
+    }
+    done(r0, r1, s);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, r1, 1.0f, s, T, v, ld, 0.0f, o + int64_t{r0} * ldo,
+                ldo);
+  }
+}
+
+// Its backward, tile by tile: dP = dout V^T, dS = P (dP - rowsum(P dP)) scale, dQ = dS K, dK += dS^T Q,
+// dV += P^T dout. dy: stride lddy; dq, with dk at +dkv and dv at +2 dkv: stride ldd; ds: kAttentionTile x T floats;
+// probs(r0, r1): the tile's probabilities (rows [r0, r1), columns [0, r1)) and their row stride.
+template <typename Probs>
+void attention_head_backward(const float* q, const float* k, const float* v, int ld, const float* dy, int lddy,
+                             float* dq, int dkv, int ldd, int T, int hs, float* ds, Probs&& probs) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  float* dk = dq + dkv;
+  float* dv = dq + 2 * dkv;
+  for (int t = 0; t < T; ++t) {  // dK and dV accumulate over tiles: clear this head's slice first
+    std::fill(dk + int64_t{t} * ldd, dk + int64_t{t} * ldd + hs, 0.0f);
+    std::fill(dv + int64_t{t} * ldd, dv + int64_t{t} * ldd + hs, 0.0f);
+  }
+  for (int r0 = 0; r0 < T; r0 += kAttentionTile) {
+    const int r1 = std::min(T, r0 + kAttentionTile), rows = r1 - r0;
+    const auto [p, ldp] = probs(r0, r1);
+    // dP (rows, r1) = dout[r0:r1] V[0:r1]^T
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, hs, 1.0f, dy + int64_t{r0} * lddy, lddy, v, ld, 0.0f,
+                ds, r1);
+    for (int i = 0; i < rows; ++i) {
+      const float* pr = p + int64_t{i} * ldp;
+      float* dr = ds + int64_t{i} * r1;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int t2 = 0; t2 < r1; ++t2) dot += pr[t2] * dr[t2];
+#pragma omp simd
+      for (int t2 = 0; t2 < r1; ++t2) dr[t2] = pr[t2] * (dr[t2] - dot) * scale;
+    }
+    // dQ[r0:r1] = dS K[0:r1]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, r1, 1.0f, ds, r1, k, ld, 0.0f,
+                dq + int64_t{r0} * ldd, ldd);
+    // dK[0:r1] += dS^T Q[r0:r1]
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rows, 1.0f, ds, r1, q + int64_t{r0} * ld, ld, 1.0f, dk,
+                ldd);
+    // dV[0:r1] += P[r0:r1, 0:r1]^T dout[r0:r1]
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rows, 1.0f, p, ldp, dy + int64_t{r0} * lddy, lddy,
+                1.0f, dv, ldd);
+  }
 }
 
 class CpuKernels final : public Kernels {
@@ -86,6 +172,8 @@ class CpuKernels final : public Kernels {
       case Op::kConvert:
       case Op::kMatmulForward:
       case Op::kMatmulBackward:
+      case Op::kAttentionForward:
+      case Op::kAttentionBackward:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       default:
         return dtype == DType::kF32;
@@ -252,54 +340,55 @@ class CpuKernels final : public Kernels {
     }
   }
 
-  // Per (batch, head), tiles of kAttentionTile query rows: S = scale Q K^T over the keys the tile can see,
-  // a masked softmax per row, then out = P V. The (b, h) pairs are split over threads; sgemm inside runs
-  // single-threaded (OpenBLAS's OpenMP build does not nest parallel regions).
+  // The (batch, head) pairs are split over threads; sgemm inside runs single-threaded (OpenBLAS's OpenMP build does
+  // not nest parallel regions). f32 reads q, k, v in place and makes the probabilities in `att` itself.
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) const override {
-    const int hs = C / NH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    const int C3 = 3 * C;
+    const int hs = C / NH, C3 = 3 * C;
 #pragma omp parallel for schedule(dynamic)
     for (int64_t bh = 0; bh < int64_t{B} * NH; ++bh) {
       const int64_t b = bh / NH, h = bh % NH;
       const float* q = qkv + b * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
       float* a = att + bh * T * T;
-      float* o = out + b * T * C + h * hs;
-      for (int r0 = 0; r0 < T; r0 += kAttentionTile) {
-        const int r1 = std::min(T, r0 + kAttentionTile), rows = r1 - r0;
-        float* s = a + int64_t{r0} * T;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, hs, scale, q + int64_t{r0} * C3, C3, k, C3, 0.0f,
-                    s, T);
-        for (int t = r0; t < r1; ++t) {
-          float* row = a + int64_t{t} * T;
-          float max = -INFINITY;
-#pragma omp simd reduction(max : max)
-          for (int t2 = 0; t2 <= t; ++t2) max = row[t2] > max ? row[t2] : max;
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int t2 = 0; t2 <= t; ++t2) {
-            row[t2] = vexp(row[t2] - max);
-            sum += row[t2];
-          }
-          const float inv = 1.0f / sum;
-#pragma omp simd
-          for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv;
-          std::fill(row + t + 1, row + T, 0.0f);
+      attention_head_forward(
+          q, q + C, q + 2 * C, C3, out + b * T * C + h * hs, C, T, hs, [&](int r0) { return a + int64_t{r0} * T; },
+          [](int, int, float*) {});
+    }
+  }
+  // bf16: each head's q, k, v widened to f32 once; each tile's probabilities rounded to bf16 into `att` and used
+  // rounded; the output made in f32 and rounded once.
+  void attention_forward_bf16(bf16_t* out, bf16_t* att, const bf16_t* qkv, int B, int T, int C, int NH) const override {
+    const int hs = C / NH, C3 = 3 * C;
+    const int64_t head = int64_t{T} * hs;
+#pragma omp parallel
+    {
+      std::vector<float> qkv_h(static_cast<size_t>(3 * head)), o(static_cast<size_t>(head));
+      std::vector<float> tile(static_cast<size_t>(kAttentionTile) * T);
+#pragma omp for schedule(dynamic)
+      for (int64_t bh = 0; bh < int64_t{B} * NH; ++bh) {
+        const int64_t b = bh / NH, h = bh % NH;
+        widen_head(qkv_h.data(), qkv + b * T * C3 + h * hs, C3, C, T, hs);
+        bf16_t* a = att + bh * T * T;
+        attention_head_forward(
+            qkv_h.data(), qkv_h.data() + head, qkv_h.data() + 2 * head, hs, o.data(), hs, T, hs,
+            [&](int) { return tile.data(); },
+            [&](int r0, int r1, float* s) {
+              for (int64_t i = 0; i < int64_t{r1 - r0} * T; ++i) {
+                const bf16_t p = f32_to_bf16(s[i]);
+                a[int64_t{r0} * T + i] = p;
+                s[i] = bf16_to_f32(p);
+              }
+            });
+        bf16_t* y = out + b * T * C + h * hs;
+        for (int t = 0; t < T; ++t) {
+          for (int i = 0; i < hs; ++i) y[int64_t{t} * C + i] = f32_to_bf16(o[static_cast<size_t>(int64_t{t} * hs + i)]);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, r1, 1.0f, s, T, v, C3, 0.0f,
-                    o + int64_t{r0} * C, C);
       }
     }
   }
 
-  // Tile by tile: dP = dout V^T, dS = P (dP - rowsum(P dP)) scale, dQ = dS K, dK += dS^T Q, dV += P^T dout.
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH) const override {
-    const int hs = C / NH;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    const int C3 = 3 * C;
+    const int hs = C / NH, C3 = 3 * C;
 #pragma omp parallel
     {
       std::vector<float> ds(static_cast<size_t>(kAttentionTile) * T);
@@ -307,42 +396,38 @@ class CpuKernels final : public Kernels {
       for (int64_t bh = 0; bh < int64_t{B} * NH; ++bh) {
         const int64_t b = bh / NH, h = bh % NH;
         const float* q = qkv + b * T * C3 + h * hs;
-        const float* k = q + C;
-        const float* v = q + 2 * C;
-        float* dq = dqkv + b * T * C3 + h * hs;
-        float* dk = dq + C;
-        float* dv = dq + 2 * C;
         const float* a = att + bh * T * T;
-        const float* dy = dout + b * T * C + h * hs;
-        for (int t = 0; t < T; ++t) {  // dK and dV accumulate over tiles: clear this head's slice first
-          std::fill(dk + int64_t{t} * C3, dk + int64_t{t} * C3 + hs, 0.0f);
-          std::fill(dv + int64_t{t} * C3, dv + int64_t{t} * C3 + hs, 0.0f);
-        }
-        for (int r0 = 0; r0 < T; r0 += kAttentionTile) {
-          const int r1 = std::min(T, r0 + kAttentionTile), rows = r1 - r0;
-          const float* p = a + int64_t{r0} * T;
-          // dP (rows, r1) = dout[r0:r1] V[0:r1]^T
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r1, hs, 1.0f, dy + int64_t{r0} * C, C, v, C3, 0.0f,
-                      ds.data(), r1);
-          for (int i = 0; i < rows; ++i) {
-            const float* pr = p + int64_t{i} * T;
-            float* dr = ds.data() + int64_t{i} * r1;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int t2 = 0; t2 < r1; ++t2) dot += pr[t2] * dr[t2];
-#pragma omp simd
-            for (int t2 = 0; t2 < r1; ++t2) dr[t2] = pr[t2] * (dr[t2] - dot) * scale;
-          }
-          // dQ[r0:r1] = dS K[0:r1]
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, r1, 1.0f, ds.data(), r1, k, C3, 0.0f,
-                      dq + int64_t{r0} * C3, C3);
-          // dK[0:r1] += dS^T Q[r0:r1]
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rows, 1.0f, ds.data(), r1, q + int64_t{r0} * C3,
-                      C3, 1.0f, dk, C3);
-          // dV[0:r1] += P[r0:r1, 0:r1]^T dout[r0:r1]
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rows, 1.0f, p, T, dy + int64_t{r0} * C, C, 1.0f,
-                      dv, C3);
-        }
+        attention_head_backward(q, q + C, q + 2 * C, C3, dout + b * T * C + h * hs, C, dqkv + b * T * C3 + h * hs, C,
+                                C3, T, hs, ds.data(), [&](int r0, int) {
+                                  return std::pair{a + int64_t{r0} * T, T};
+                                });
+      }
+    }
+  }
+  // bf16: each head's q, k, v widened once, each tile's probabilities as the tile needs them.
+  void attention_backward_bf16(float* dqkv, const float* dout, const bf16_t* qkv, const bf16_t* att, int B, int T,
+                               int C, int NH) const override {
+    const int hs = C / NH, C3 = 3 * C;
+    const int64_t head = int64_t{T} * hs;
+#pragma omp parallel
+    {
+      std::vector<float> qkv_h(static_cast<size_t>(3 * head));
+      std::vector<float> ds(static_cast<size_t>(kAttentionTile) * T), p(static_cast<size_t>(kAttentionTile) * T);
+#pragma omp for schedule(dynamic)
+      for (int64_t bh = 0; bh < int64_t{B} * NH; ++bh) {
+        const int64_t b = bh / NH, h = bh % NH;
+        widen_head(qkv_h.data(), qkv + b * T * C3 + h * hs, C3, C, T, hs);
+        const bf16_t* a = att + bh * T * T;
+        attention_head_backward(
+            qkv_h.data(), qkv_h.data() + head, qkv_h.data() + 2 * head, hs, dout + b * T * C + h * hs, C,
+            dqkv + b * T * C3 + h * hs, C, C3, T, hs, ds.data(), [&](int r0, int r1) {
+              for (int i = 0; i < r1 - r0; ++i) {
+                for (int t2 = 0; t2 < r1; ++t2) {
+                  p[static_cast<size_t>(int64_t{i} * r1 + t2)] = bf16_to_f32(a[int64_t{r0 + i} * T + t2]);
+                }
+              }
+              return std::pair{static_cast<const float*>(p.data()), r1};
+            });
       }
     }
   }
@@ -350,7 +435,7 @@ class CpuKernels final : public Kernels {
   void gelu_forward(void* out, const void* inp, DType dtype, int64_t N) const override {
     dtype == DType::kBF16 ? gelu_forward_impl<BF16>(out, inp, N) : gelu_forward_impl<F32>(out, inp, N);
   }
-  void gelu_backward(void* dinp, const void* inp, const void* dout, DType dtype, int64_t N) const override {
+  void gelu_backward(float* dinp, const void* inp, const float* dout, DType dtype, int64_t N) const override {
     dtype == DType::kBF16 ? gelu_backward_impl<BF16>(dinp, inp, dout, N) : gelu_backward_impl<F32>(dinp, inp, dout, N);
   }
   void residual_forward(void* out, const void* inp1, const void* inp2, DType dtype, int64_t N) const override {

@@ -114,10 +114,23 @@ class VariantKernels final : public Kernels {
                           int NH) const override {
     base_.attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
   }
+  // The faulty softmax in bf16 too: through f32 buffers, rounded on the way out.
+  void attention_forward_bf16(bf16_t* out, bf16_t* att, const bf16_t* qkv, int B, int T, int C, int NH) const override {
+    if (n_ != Numerics::kSoftmaxWithoutMax) return base_.attention_forward_bf16(out, att, qkv, B, T, C, NH);
+    const int64_t n = int64_t{B} * T * C, na = int64_t{B} * NH * T * T;
+    std::vector<float> o(static_cast<size_t>(n)), a(static_cast<size_t>(na));
+    attention_forward(o.data(), a.data(), widen_bf16(qkv, 3 * n).data(), B, T, C, NH);
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(o[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < na; ++i) att[i] = f32_to_bf16(a[static_cast<size_t>(i)]);
+  }
+  void attention_backward_bf16(float* dqkv, const float* dout, const bf16_t* qkv, const bf16_t* att, int B, int T,
+                               int C, int NH) const override {
+    base_.attention_backward_bf16(dqkv, dout, qkv, att, B, T, C, NH);
+  }
   void gelu_forward(void* out, const void* inp, DType dtype, int64_t N) const override {
     base_.gelu_forward(out, inp, dtype, N);
   }
-  void gelu_backward(void* dinp, const void* inp, const void* dout, DType dtype, int64_t N) const override {
+  void gelu_backward(float* dinp, const void* inp, const float* dout, DType dtype, int64_t N) const override {
     base_.gelu_backward(dinp, inp, dout, dtype, N);
   }
   void residual_forward(void* out, const void* inp1, const void* inp2, DType dtype, int64_t N) const override {

@@ -101,6 +101,16 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int64_
   }
 }
 
+// dbias (OC) += the column sums of dout (N,OC).
+template <typename F>
+void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
+  for (int o = 0; o < OC; ++o) {
+    double acc = 0.0;
+    for (int64_t n = 0; n < N; ++n) acc += dout[n * OC + o];
+    dbias[o] = static_cast<F>(dbias[o] + acc);
+  }
+}
+
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int64_t N, int C,
                      int OC) {
@@ -117,17 +127,13 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
       for (int64_t n = 0; n < N; ++n) acc += double{dout[n * OC + o]} * inp[n * C + c];
       dweight[int64_t{o} * C + c] = static_cast<F>(dweight[int64_t{o} * C + c] + acc);
     }
-    if (dbias != nullptr) {
-      double acc = 0.0;
-      for (int64_t n = 0; n < N; ++n) acc += dout[n * OC + o];
-      dbias[o] = static_cast<F>(dbias[o] + acc);
-    }
   }
+  if (dbias != nullptr) bias_backward(dbias, dout, N, OC);
 }
 
 // Scaled dot-product attention (Vaswani et al. 2017) with a causal mask: position t attends to t2 <= t.
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH) {
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH, bool round_probabilities) {
   const int hs = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   const int64_t C3 = int64_t{3} * C;
@@ -150,7 +156,10 @@ void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH
           scores[static_cast<size_t>(t2)] = std::exp(scores[static_cast<size_t>(t2)] - max);
           sum += scores[static_cast<size_t>(t2)];
         }
-        for (int t2 = 0; t2 < T; ++t2) a[t2] = t2 <= t ? static_cast<F>(scores[static_cast<size_t>(t2)] / sum) : F{0};
+        for (int t2 = 0; t2 < T; ++t2) {
+          const double p = t2 <= t ? scores[static_cast<size_t>(t2)] / sum : 0.0;
+          a[t2] = static_cast<F>(round_probabilities ? bf16_to_f32(f32_to_bf16(static_cast<float>(p))) : p);
+        }
         F* o = out + (int64_t{b} * T + t) * C + int64_t{h} * hs;
         for (int i = 0; i < hs; ++i) {
           double acc = 0.0;
@@ -289,7 +298,7 @@ void crossentropy_backward(F* dlogits, const F* logits, const F* maxes, const F*
   template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*, const F*, int64_t, int); \
   template void matmul_forward<F>(F*, const F*, const F*, const F*, int64_t, int, int);                            \
   template void matmul_backward<F>(F*, F*, F*, const F*, const F*, const F*, int64_t, int, int);                   \
-  template void attention_forward<F>(F*, F*, const F*, int, int, int, int);                                        \
+  template void attention_forward<F>(F*, F*, const F*, int, int, int, int, bool);                                  \
   template void attention_backward<F>(F*, const F*, const F*, const F*, int, int, int, int);                       \
   template void gelu_forward<F>(F*, const F*, int64_t);                                                            \
   template void gelu_backward<F>(F*, const F*, const F*, int64_t);                                                 \
@@ -324,6 +333,8 @@ class RefKernels final : public Kernels {
       case Op::kConvert:
       case Op::kMatmulForward:
       case Op::kMatmulBackward:
+      case Op::kAttentionForward:
+      case Op::kAttentionBackward:
         return dtype == DType::kF32 || dtype == DType::kBF16;
       default:
         return dtype == DType::kF32;
@@ -364,12 +375,7 @@ class RefKernels final : public Kernels {
     const std::vector<float> rounded = widen_bf16(round_to_bf16(dout, N * OC).data(), N * OC);
     ref::matmul_backward(dinp, dweight, static_cast<float*>(nullptr), rounded.data(), widen_bf16(inp, N * C).data(),
                          widen_bf16(weight, int64_t{OC} * C).data(), N, C, OC);
-    if (dbias == nullptr) return;
-    for (int o = 0; o < OC; ++o) {
-      double acc = 0.0;
-      for (int64_t n = 0; n < N; ++n) acc += dout[n * OC + o];
-      dbias[o] = static_cast<float>(dbias[o] + acc);
-    }
+    if (dbias != nullptr) ref::bias_backward(dbias, dout, N, OC);  // from dout as it is, unrounded
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) const override {
     ref::attention_forward(out, att, qkv, B, T, C, NH);
@@ -377,6 +383,21 @@ class RefKernels final : public Kernels {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                           int NH) const override {
     ref::attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  }
+  // bf16 widens to f32 exactly; the reference sums in f64 (the probabilities rounded to bf16 as they are made)
+  // and rounds each output to bf16 once, from f32.
+  void attention_forward_bf16(bf16_t* out, bf16_t* att, const bf16_t* qkv, int B, int T, int C, int NH) const override {
+    const int64_t n = int64_t{B} * T * C, na = int64_t{B} * NH * T * T;
+    std::vector<float> o(static_cast<size_t>(n)), p(static_cast<size_t>(na));
+    ref::attention_forward(o.data(), p.data(), widen_bf16(qkv, 3 * n).data(), B, T, C, NH, true);
+    for (int64_t i = 0; i < n; ++i) out[i] = f32_to_bf16(o[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < na; ++i) att[i] = f32_to_bf16(p[static_cast<size_t>(i)]);  // exact: already rounded
+  }
+  void attention_backward_bf16(float* dqkv, const float* dout, const bf16_t* qkv, const bf16_t* att, int B, int T,
+                               int C, int NH) const override {
+    const int64_t n = int64_t{B} * T * C;
+    ref::attention_backward(dqkv, dout, widen_bf16(qkv, 3 * n).data(), widen_bf16(att, int64_t{B} * NH * T * T).data(),
+                            B, T, C, NH);
   }
   void gelu_forward(void* out, const void* inp, DType dtype, int64_t N) const override {
     if (dtype == DType::kF32) return ref::gelu_forward(static_cast<float*>(out), static_cast<const float*>(inp), N);
@@ -387,17 +408,9 @@ class RefKernels final : public Kernels {
       return y;
     });
   }
-  void gelu_backward(void* dinp, const void* inp, const void* dout, DType dtype, int64_t N) const override {
-    if (dtype == DType::kF32) {
-      return ref::gelu_backward(static_cast<float*>(dinp), static_cast<const float*>(inp),
-                                static_cast<const float*>(dout), N);
-    }
-    map_bf16(static_cast<bf16_t*>(dinp), N, [&](int64_t i) {
-      double dx;
-      double x = load(inp, dtype, i), dy = load(dout, dtype, i);
-      ref::gelu_backward(&dx, &x, &dy, 1);
-      return dx;
-    });
+  void gelu_backward(float* dinp, const void* inp, const float* dout, DType dtype, int64_t N) const override {
+    if (dtype == DType::kF32) return ref::gelu_backward(dinp, static_cast<const float*>(inp), dout, N);
+    ref::gelu_backward(dinp, widen_bf16(static_cast<const bf16_t*>(inp), N).data(), dout, N);
   }
   void residual_forward(void* out, const void* inp1, const void* inp2, DType dtype, int64_t N) const override {
     if (dtype == DType::kF32) {

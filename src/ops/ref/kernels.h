@@ -30,8 +30,9 @@ void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int64_
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int64_t N, int C,
                      int OC);
+// round_probabilities: round each probability to bf16 before it is stored and weighs V (the bf16 variant).
 template <typename F>
-void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH);
+void attention_forward(F* out, F* att, const F* qkv, int B, int T, int C, int NH, bool round_probabilities = false);
 template <typename F>
 void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* att, int B, int T, int C, int NH);
 template <typename F>
