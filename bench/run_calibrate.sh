@@ -12,10 +12,12 @@ STEPS=${STEPS:-16}
 ROUNDS=${ROUNDS:-2}
 cluster=examples/cluster_local.yaml model=examples/model_small.yaml train=examples/train_local.yaml
 files=(--cluster "$cluster" --model "$model" --train "$train")
+precision=$(sed -n 's/^precision: *\([a-z0-9]*\).*/\1/p' "$train")  # the runs train in the setup's precision
 run=(--config examples/train_cluster.yaml --set "train.steps=$STEPS" --set train.eval_every=0
   --set train.checkpoint_every=0 --quiet)
 mkdir -p "$OUT"
-"$H2" profile --cluster "$cluster" --model "$model" --out "$OUT/profiled.yaml" > /dev/null 2>&1
+"$H2" profile --cluster "$cluster" --model "$model" --precision "${precision:-f32}" --out "$OUT/profiled.yaml" \
+  > /dev/null 2>&1
 "$H2" plan --cluster "$OUT/profiled.yaml" --model "$model" --train "$train" --out "$OUT/A.json" > /dev/null 2>&1
 "$H2" plan --cluster "$OUT/profiled.yaml" --model "$model" --train "$train" --layout examples/layout_local.yaml \
   --out "$OUT/B.json" > /dev/null 2>&1

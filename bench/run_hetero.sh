@@ -11,7 +11,9 @@ steps=${STEPS:-12}
 rounds=${ROUNDS:-3}
 rm -rf "$out" && mkdir -p "$out"
 model=examples/model_small.yaml setup=examples/train_local.yaml cluster=examples/cluster_local.yaml
-build/h2 profile --cluster $cluster --model $model --out $out/cluster.yaml
+# Profile in the precision the runs train in: the setup's (h2 train --cluster trains in it, docs/pipeline.md).
+precision=$(sed -n 's/^precision: *\([a-z0-9]*\).*/\1/p' $setup)
+build/h2 profile --cluster $cluster --model $model --precision "${precision:-f32}" --out $out/cluster.yaml
 runs=()
 for run in plan uniform fast slow; do
   baseline=()
