@@ -57,7 +57,8 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   Gpt head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T, {},
            ActivationPolicy{.precision = precision});
   head.init(1);
-  // The model's GEMMs (k -> n columns over N rows) at TP 1 and 2, and the attention core at both.
+  // The model's GEMMs (k -> n columns over N rows) at TP 1 and 2, and the attention core at both, in the precision
+  // the model keeps their inputs in (bf16: q/k/v, the probabilities and the output too; gpt.h).
   struct Gemm {
     Tensor in, w, out, din, dw;
     double flops;  // forward + backward
@@ -78,15 +79,16 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     }
   }
   struct Attention {
-    Tensor qkv, out, att, dqkv;
+    Tensor qkv, out, att, dqkv, dout;  // dqkv and dout f32: gradients
     int heads;
     double flops;  // forward: 2 B T^2 C / tp (Q K^T and P V over the causal half); the backward twice that
   };
   std::vector<Attention> attentions;
+  const DType kept = precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   for (int tp : {1, 2}) {
-    attentions.push_back({random({B, T, 3 * C / tp}, 1.0f), dev.empty(DType::kF32, {B, T, C / tp}),
-                          dev.empty(DType::kF32, {B, NH / tp, T, T}), dev.empty(DType::kF32, {B, T, 3 * C / tp}),
-                          NH / tp, 2.0 * N * T * C / tp});
+    attentions.push_back({operand({B, T, 3 * C / tp}, 1.0f), dev.empty(kept, {B, T, C / tp}),
+                          dev.empty(kept, {B, NH / tp, T, T}), dev.empty(DType::kF32, {B, T, 3 * C / tp}),
+                          random({B, T, C / tp}, 0.01f), NH / tp, 2.0 * N * T * C / tp});
   }
   Tensor tiny = dev.zeros(DType::kF32, {1});
   // The optimizer step as every trainer takes it (train/optimizer.h: norm, clipping, AdamW), over the head's
@@ -123,7 +125,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       for (const Attention& m : attentions) ops::attention_forward(m.out, m.att, m.qkv, m.heads);
     });
     const double a = timed([&] {
-      for (const Attention& m : attentions) ops::attention_backward(m.dqkv, m.out, m.qkv, m.att, m.heads);
+      for (const Attention& m : attentions) ops::attention_backward(m.dqkv, m.dout, m.qkv, m.att, m.heads);
     });
     const double l = timed([&] {
       block.forward(x);

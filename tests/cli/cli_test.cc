@@ -461,6 +461,10 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   // h2 plan reads it.
   const Result plan = run_h2("plan --cluster " + out + " --model " + model_ + " --train " + train_);
   EXPECT_EQ(plan.status, 0) << plan.output;
+  // In bf16 every kernel runs in the dtypes bf16 training gives it (a bf16 attention fed an f32 gradient, say).
+  const Result bf16 = run_h2("profile --precision bf16 --cluster " + cluster_ + " --model " + model_ + " --out " + out);
+  ASSERT_EQ(bf16.status, 0) << bf16.output;
+  EXPECT_GT(load_cluster(ConfigNode::load_file(out)).chips.front().peak_tflops, 0.0);
 }
 
 // --elastic: a rank of a 4-device job (2 fast, 2 slow: each stage two replicas) is killed in step 5; the driver
