@@ -358,12 +358,15 @@ void Gpt::block_forward(int b, const Tensor& x) {
   ops::residual_forward(a.res3, a.res2, a.fcproj);
 }
 
+void Gpt::refresh_bf16_weights() {
+  if (!bf16() || low_current_) return;
+  ops::convert(flat_low_, flat_params_);
+  low_current_ = true;
+}
+
 void Gpt::forward(const Tensor& input) {
   Activations& a = acts();
-  if (bf16() && !low_current_) {
-    ops::convert(flat_low_, flat_params_);
-    low_current_ = true;
-  }
+  refresh_bf16_weights();
   const Tensor* x = nullptr;
   if (range_.embedding) {
     if (input.dtype() != DType::kI32 || !(input.shape() == Shape{B_, T_})) {

@@ -33,10 +33,11 @@
 // whole tensor (checkpoints and initialisation use them).
 // Mixed precision (ActivationPolicy::precision = kBf16; Micikevicius et al. 2018, with bf16 as Kalamkar et al. 2019):
 // the f32 parameters are the master copy the optimizer updates; the matrix products read a bf16 copy of them,
-// made at the first forward after parameters_changed(). The activations inside a block are kept in bf16: the
-// LayerNorms' outputs, qkv, the attention probabilities and output, the MLP's hidden activation and the GELU's
-// output (the LayerNorms and the products whose outputs they are write f32 into a gradient buffer that is free at
-// that moment, then rounded; attention and GELU have bf16 kernels that compute in f32). The residual stream (the
+// refreshed after the optimizer step (refresh_bf16_weights()), else at the first forward after a change. The
+// activations inside a block are kept in bf16: the LayerNorms' outputs, qkv, the attention probabilities and
+// output, the MLP's hidden activation and the GELU's output (the LayerNorms and the products whose outputs they
+// are write f32 into a gradient buffer that is free at that moment, then rounded; attention and GELU have bf16
+// kernels that compute in f32). The residual stream (the
 // embedding, the projections' outputs, res2, res3: what stages send each other), the LayerNorm statistics, the
 // logits, every gradient, the loss and every reduction stay f32; backward rounds each product's output gradient to
 // bf16 as the kernel reads it.
@@ -152,8 +153,13 @@ class Gpt {
   void init(uint64_t seed);
   void zero_grads();
   // Whoever writes flat_params() other than init() (the optimizer step, a checkpoint's load, ZeRO-1's gather)
-  // says so: in bf16 the next forward then refreshes the copy of the weights the products read.
+  // says so: in bf16 the copy of the weights the products read is then refreshed by refresh_bf16_weights(), or
+  // else by the next forward.
   void parameters_changed() { low_current_ = false; }
+  // In bf16, rounds the master weights into the products' copy if they changed since (a no-op otherwise). The
+  // runtimes call it at the end of their optimizer step, where the cost model charges it (planner/cost_model.h).
+  void refresh_bf16_weights();
+  const Tensor& bf16_weights() const { return flat_low_; }  // that copy (undefined in f32)
 
   // Runs the range forward. `input` is tokens (B,T) i32 with the embedding, else activations (B,T,C).
   // Without the head, the result is output(). With the head, the logits are logits() and nothing else.

@@ -91,9 +91,10 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
                           random({B, T, C / tp}, 0.01f), NH / tp, 2.0 * N * T * C / tp});
   }
   Tensor tiny = dev.zeros(DType::kF32, {1});
-  // The optimizer step as every trainer takes it (train/optimizer.h: norm, clipping, AdamW), over the head's
-  // parameters. The cost model charges it optimizer_traffic_bytes per parameter of memory traffic (f32: 40), so
-  // the rate measured here is the memory bandwidth that makes that formula true on this chip.
+  // The optimizer step as every trainer takes it (train/optimizer.h: norm, clipping, AdamW; in bf16 the refresh of
+  // the weights' bf16 copy), over the head's parameters. The cost model charges it optimizer_traffic_bytes per
+  // parameter of memory traffic (f32: 40, H2's bf16: 46), so the rate measured here is the memory bandwidth that
+  // makes that formula true on this chip.
   const int64_t n = head.num_params();
   const OptimizerState state{dev.zeros(DType::kF32, {n}), dev.zeros(DType::kF32, {n})};
   Tensor acc = dev.zeros(DType::kF32, {1});
@@ -136,7 +137,10 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       head.loss(targets);
       head.backward();
     });
-    const double p = timed([&] { optimizer_step(head, state, AdamwParams{}, acc, {.max_norm = 1e-6}); });
+    const double p = timed([&] {
+      optimizer_step(head, state, AdamwParams{}, acc, {.max_norm = 1e-6});
+      head.refresh_bf16_weights();
+    });
     if (round == 0) continue;
     overhead.push_back(o / kTiny);
     for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]);
@@ -162,7 +166,9 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   const double fixed = static_cast<double>(attentions.size()) * m.kernel_overhead_s;
   m.attention_flops = 2 * attention_flops / std::max(1e-9, median(attention_s) - fixed);
   m.attention_forward_flops = attention_flops / std::max(1e-9, median(attention_forward_s) - fixed);
-  m.memory_gbps = CostConstants::f32().optimizer_traffic_bytes * static_cast<double>(n) / median(optim) / 1e9;
+  const double traffic =
+      (precision == Precision::kBf16 ? CostConstants::h2_bf16() : CostConstants::f32()).optimizer_traffic_bytes;
+  m.memory_gbps = traffic * static_cast<double>(n) / median(optim) / 1e9;
   m.layer_s = median(layer);
   m.head_s = median(head_s);
   // Selective recomputation's cost as the model times it inside a selective block's backward (the median of

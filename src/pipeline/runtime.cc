@@ -473,7 +473,7 @@ void StageRunner::optimize(AdamwParams hp) {
   } catch (const Error& e) {
     throw Error(e.code(), cat("pipeline stage ", place_.stage, ": ", e.what()));
   }
-  if (!options_.zero1) return;
+  if (!options_.zero1) return model_->refresh_bf16_weights();
   // Every replica takes the others' updated shards.
   const size_t s = static_cast<size_t>(optimizer_.m.numel());
   std::vector<float> mine(s, 0.0f), all(s * static_cast<size_t>(comms_.dp.size()));
@@ -481,6 +481,7 @@ void StageRunner::optimize(AdamwParams hp) {
   comms_.dp.all_gather(all.data(), mine.data(), s, DType::kF32);
   copy_from_host(model_->flat_params(), all.data());
   model_->parameters_changed();
+  model_->refresh_bf16_weights();
 }
 
 void StageRunner::optimizer_state(std::vector<float>& m, std::vector<float>& v) {

@@ -244,6 +244,7 @@ TrainResult train(const TrainConfig& c, const TrainOptions& options) {
     double norm = 0;
     try {
       norm = optimizer_step(model, optimizer, adamw_params(c, step), norm_acc, {.max_norm = c.grad_clip});
+      model.refresh_bf16_weights();
     } catch (const Error& e) {
       throw Error(e.code(), cat("step ", step + 1, ": ", e.what()));
     }

@@ -220,6 +220,40 @@ TEST(Gpt, Bf16MatchesTheReferenceAndStaysNearF32) {
   }
 }
 
+// The runtimes refresh the products' bf16 copy of the weights at the end of their optimizer step (where the cost
+// model charges it): once the master changed, refresh_bf16_weights() rounds it to nearest even into the copy,
+// and before that the copy is the old one. In f32 there is no copy.
+TEST(Gpt, RefreshingTheBf16WeightsRoundsTheChangedMaster) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Gpt m(kTiny, *dev, GptRange::whole(kTiny), 2, 6, {}, ActivationPolicy{.precision = Precision::kBf16});
+  m.init(3);
+  m.refresh_bf16_weights();
+  const int64_t n = m.num_params();
+  std::vector<float> master = host(m.flat_params());
+  for (float& x : master) x = x * 1.5f + 0.001f;  // what an optimizer step might do
+  copy_from_host(m.flat_params(), master.data());
+  m.parameters_changed();
+  const auto copy = [&] {
+    std::vector<bf16_t> v(static_cast<size_t>(n));
+    copy_to_host(v.data(), m.bf16_weights());
+    return v;
+  };
+  const std::vector<bf16_t> stale = copy();
+  m.refresh_bf16_weights();
+  const std::vector<bf16_t> fresh = copy();
+  int64_t changed = 0, wrong = 0;
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    changed += fresh[i] != stale[i];
+    wrong += fresh[i] != f32_to_bf16(master[i]);
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(changed, n / 2);
+  Gpt f32(kTiny, *dev, GptRange::whole(kTiny), 2, 6);
+  f32.init(3);
+  f32.refresh_bf16_weights();
+  EXPECT_FALSE(f32.bf16_weights().defined());
+}
+
 TEST(Gpt, InitDependsOnlyOnNameAndSeed) {
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   Gpt whole(kTiny, *dev, GptRange::whole(kTiny), 1, 2);
