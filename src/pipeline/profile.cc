@@ -166,8 +166,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   const double fixed = static_cast<double>(attentions.size()) * m.kernel_overhead_s;
   m.attention_flops = 2 * attention_flops / std::max(1e-9, median(attention_s) - fixed);
   m.attention_forward_flops = attention_flops / std::max(1e-9, median(attention_forward_s) - fixed);
-  const double traffic =
-      (precision == Precision::kBf16 ? CostConstants::h2_bf16() : CostConstants::f32()).optimizer_traffic_bytes;
+  const double traffic = CostConstants::of(precision, true).optimizer_traffic_bytes;  // as H2's runtime runs it
   m.memory_gbps = traffic * static_cast<double>(n) / median(optim) / 1e9;
   m.layer_s = median(layer);
   m.head_s = median(head_s);

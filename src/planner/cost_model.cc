@@ -18,9 +18,7 @@ CostModel::CostModel(const Cluster& cluster, const TransformerShape& model, cons
     : cluster_(cluster),
       model_(model),
       train_(train),
-      k_(train.precision == Precision::kF32 ? CostConstants::f32()
-         : train.h2_runtime                 ? CostConstants::h2_bf16()
-                                            : CostConstants{}),
+      k_(CostConstants::of(train.precision, train.h2_runtime)),
       cache_(std::make_shared<Cache>()) {}
 
 const CostModel::PieceTimes& CostModel::piece_times(int chip, int tp, int b) const {

@@ -33,6 +33,10 @@ struct CostConstants {
   static CostConstants h2_bf16() {
     return CostConstants{.bytes = ElementBytes::h2_bf16(), .optimizer_traffic_bytes = 46};
   }
+  // What a setup costs: f32, H2's bf16 (h2_runtime), or bf16 as published systems hold it (the defaults).
+  static CostConstants of(Precision p, bool h2_runtime) {
+    return p == Precision::kF32 ? f32() : h2_runtime ? h2_bf16() : CostConstants{};
+  }
 };
 
 class CostModel {

@@ -91,6 +91,10 @@ void fill_memory(const CostModel& c, StageTerms& t, int chunks) {
                            .tp = t.tp,
                            .optimizer_shards = c.train().zero1 ? t.dp : 1,
                            .in_flight = t.in_flight};
+  // What a device holds of the stage (interleaved: one chunk's share of each micro-batch in flight).
+  const auto total = [&](const StageMemory& m) {
+    return m.state() + m.buffers() + t.in_flight * m.per_micro_batch() / chunks;
+  };
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     StageMemorySpec spec = t.spec;
     spec.recompute = r;
@@ -98,9 +102,6 @@ void fill_memory(const CostModel& c, StageTerms& t, int chunks) {
     const StageMemory one = c.stage_memory(spec);
     spec.layers = 2;
     const StageMemory two = c.stage_memory(spec);
-    const auto total = [&](const StageMemory& m) {
-      return m.state() + m.buffers() + t.in_flight * m.per_micro_batch() / chunks;
-    };
     const int k = static_cast<int>(r);
     t.per_layer_bytes[k] = total(two) - total(one);
     t.fixed_bytes[k] = total(one) - t.per_layer_bytes[k];
@@ -108,8 +109,7 @@ void fill_memory(const CostModel& c, StageTerms& t, int chunks) {
   }
   StageMemorySpec empty = t.spec;
   empty.layers = 0;
-  const StageMemory none = c.stage_memory(empty);
-  t.empty_bytes = none.state() + none.buffers() + t.in_flight * none.per_micro_batch() / chunks;
+  t.empty_bytes = total(c.stage_memory(empty));
 }
 
 std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
