@@ -51,8 +51,8 @@ struct Case {
 };
 
 struct Set {
-  std::string name, source, assumed;
-  double goal_mean = 0, goal_max = 0;  // what --check holds the set's fitted errors to; 0: reported only
+  std::string name, source, assumed, note;  // note: what the report should say about the set's errors
+  double goal_mean = 0, goal_max = 0;       // what --check holds the set's fitted errors to; 0: reported only
 };
 
 // Narayanan et al. 2021, eq. 3: the FLOPs of one iteration with activation recomputation.
@@ -97,7 +97,8 @@ Cases load_cases(const std::string& path) {
     out.systems.push_back(sys);
   }
   for (const ConfigNode& s : root.at("sets").items()) {
-    Set set{s.get<std::string>("name"), s.get<std::string>("source"), s.get<std::string>("assumed", "")};
+    Set set{s.get<std::string>("name"), s.get<std::string>("source"), s.get<std::string>("assumed", ""),
+            s.get<std::string>("note", "")};
     if (auto g = s.find("goal")) {
       set.goal_mean = g->get<double>("mean");
       set.goal_max = g->get<double>("max");
@@ -334,7 +335,8 @@ int run(int argc, char** argv) {
   }
   md += "\n## Sources\n\n";
   for (const Set& s : in.sets) {
-    md += "- **" + s.name + "**: " + s.source + (s.assumed.empty() ? "" : " Assumed: " + s.assumed + ".") + "\n";
+    md += "- **" + s.name + "**: " + s.source + (s.assumed.empty() ? "" : " Assumed: " + s.assumed + ".") +
+          (s.note.empty() ? "" : " " + s.note) + "\n";
   }
   for (const System& s : in.systems) md += "- **" + s.name + "**: " + s.source + "\n";
   if (out.empty()) {
