@@ -1,8 +1,12 @@
 """The same GPT-2-shaped model and training step as bench_train_step, in PyTorch, for comparison.
 
 Same shapes, tied embeddings, tanh GELU, causal attention, cross-entropy, AdamW (weight decay on matrices),
-fp32, the same thread count. Prints one JSON line. Usage: python3 train_step_torch.py LAYERS EMBD HEADS B T STEPS
+fp32, the same thread count. Prints one JSON line.
+Usage: python3 train_step_torch.py LAYERS EMBD HEADS B T STEPS [DEVICE [PRECISION]]
+DEVICE is cpu (default) or cuda; PRECISION f32 (default) or bf16 (autocast to bf16, fp32 master weights and
+gradients: what H2's bf16 training keeps). scripts/gpu_check.sh runs it with cuda bf16.
 """
+import contextlib
 import json
 import math
 import statistics
@@ -30,7 +34,7 @@ class Block(nn.Module):
         q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
         q, k, v = (y.view(b, t, self.nh, c // self.nh).transpose(1, 2) for y in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.nh))
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
         x = x + self.c_proj(y)
@@ -47,7 +51,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         t = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(t))
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for block in self.h:
             x = block(x)
         logits = self.ln_f(x) @ self.wte.weight.t()
@@ -56,19 +60,27 @@ class GPT(nn.Module):
 
 def main():
     layers, c, nh, b, t, steps = (int(a) for a in sys.argv[1:7])
+    device = sys.argv[7] if len(sys.argv) > 7 else "cpu"
+    precision = sys.argv[8] if len(sys.argv) > 8 else "f32"
     torch.manual_seed(1)
-    model = GPT(layers, c, nh)
+    model = GPT(layers, c, nh).to(device)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-4, betas=(0.9, 0.95))
-    idx = torch.randint(0, 50257, (b, t))
-    tgt = torch.randint(0, 50257, (b, t))
+    idx = torch.randint(0, 50257, (b, t), device=device)
+    tgt = torch.randint(0, 50257, (b, t), device=device)
+    autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
 
     def step():
         opt.zero_grad(set_to_none=True)
-        model(idx, tgt).backward()
+        with autocast:
+            loss = model(idx, tgt)
+        loss.backward()
         opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     step()
     times = []
@@ -77,8 +89,8 @@ def main():
         step()
         times.append(time.perf_counter() - t0)
     s = statistics.median(times)
-    print(json.dumps({"system": "pytorch " + torch.__version__, "seconds_per_step": s, "tokens_per_s": b * t / s,
-                      "threads": torch.get_num_threads()}))
+    print(json.dumps({"system": f"pytorch {torch.__version__} {device} {precision}", "seconds_per_step": s,
+                      "tokens_per_s": b * t / s, "threads": torch.get_num_threads()}))
 
 
 if __name__ == "__main__":

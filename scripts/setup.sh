@@ -2,6 +2,7 @@
 # Installs the Debian packages H2 needs (only those missing; quiet when all are present) and builds it.
 #   scripts/setup.sh           Release build in build/
 #   scripts/setup.sh --asan    AddressSanitizer + UndefinedBehaviorSanitizer build in build-asan/
+#   scripts/setup.sh --deps-only   the packages alone (scripts/gpu_bundle.sh builds its own way)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,7 +10,8 @@ preset=release
 case "${1:-}" in
   "") ;;
   --asan) preset=asan ;;
-  *) echo "usage: scripts/setup.sh [--asan]" >&2; exit 2 ;;
+  --deps-only) preset="" ;;
+  *) echo "usage: scripts/setup.sh [--asan | --deps-only]" >&2; exit 2 ;;
 esac
 
 # Why each package: compiler and build tools; OpenBLAS in its OpenMP flavour (one thread pool shared with our
@@ -35,6 +37,7 @@ if ((${#missing[@]})); then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+[ -z "$preset" ] && exit 0
 cmake --preset "$preset" >/dev/null
 build_dir=build
 [ "$preset" = asan ] && build_dir=build-asan

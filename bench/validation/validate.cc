@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/file.h"
@@ -356,11 +357,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace h2
 
-int main(int argc, char** argv) {
-  try {
-    return h2::run(argc, argv);
-  } catch (const h2::Error& e) {
-    std::fprintf(stderr, "validate_costs: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return h2::bench_main("validate_costs", argc, argv, h2::run); }

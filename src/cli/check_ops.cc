@@ -121,6 +121,7 @@ void register_devices(CLI::App& app, Command& selected) {
     selected = [chips_file] {
       std::printf("backends:\n");
       for (const BackendInfo& b : backends()) std::printf("  %-4s %s\n", b.name, b.description);
+      for (const std::string& line : hardware_lines()) std::printf("  %s\n", line.c_str());
       if (!chips_file->empty()) {
         std::printf("chips in %s:\n  %-16s %8s %12s %14s\n", chips_file->c_str(), "name", "speed", "memory",
                     "copy GB/s");

@@ -3,9 +3,15 @@
 
 #include <unistd.h>
 
+#include <cstdint>
+
 #include "core/error.h"
+#include "core/format.h"
 #include "device/cpu/device.h"
 #include "device/ref/device.h"
+#ifdef H2_HAVE_CUDA
+#include "device/cuda/device.h"
+#endif
 
 namespace h2 {
 
@@ -14,6 +20,9 @@ const std::vector<BackendInfo>& backends() {
       {"ref", "reference loops in double precision; the golden reference, slow"},
       {"cpu", "fast CPU path: OpenBLAS sgemm, vectorised kernels, OpenMP"},
       {"emu", "an emulated chip: cpu kernels paced and memory-capped to a chip profile"},
+#ifdef H2_HAVE_CUDA
+      {"cuda", "an NVIDIA GPU: cuBLAS matmuls and CUDA kernels (built with the CUDA toolkit)"},
+#endif
   };
   return list;
 }
@@ -21,6 +30,19 @@ const std::vector<BackendInfo>& backends() {
 EmuProfile default_emu_profile() {
   return EmuProfile{
       .chip = "emu-default", .speed = 1.0, .mem_capacity_bytes = size_t{4} << 30, .mem_bandwidth_gbps = 0};
+}
+
+std::vector<std::string> hardware_lines() {
+  std::vector<std::string> lines;
+#ifdef H2_HAVE_CUDA
+  std::string why;
+  for (const CudaDeviceInfo& g : cuda_devices(&why)) {
+    lines.push_back(cat("cuda:", g.ordinal, "  ", g.name, "  ", format_bytes(g.memory_bytes), "  compute capability ",
+                        g.compute_major, ".", g.compute_minor));
+  }
+  if (lines.empty()) lines.push_back(cat("cuda: no CUDA device (", why, ")"));
+#endif
+  return lines;
 }
 
 size_t host_memory_bytes() {
@@ -37,6 +59,9 @@ std::unique_ptr<Device> create_device(const DeviceSpec& spec) {
     if (spec.mem_capacity_bytes) profile.mem_capacity_bytes = *spec.mem_capacity_bytes;
     return make_emu_device(spec.index, profile);
   }
+#ifdef H2_HAVE_CUDA
+  if (spec.backend == "cuda") return make_cuda_device(spec.index, spec.mem_capacity_bytes.value_or(SIZE_MAX));
+#endif
   std::string known;
   for (const BackendInfo& b : backends()) known += (known.empty() ? "" : ", ") + std::string(b.name);
   throw Error(ErrorCode::kNotFound, cat("unknown backend '", spec.backend, "'; built backends: ", known));

@@ -17,8 +17,12 @@ struct BackendInfo {
   const char* description;
 };
 
-// In registration order: ref, cpu, emu.
+// In registration order: ref, cpu, emu, and cuda when built with the CUDA toolkit (H2_CUDA).
 const std::vector<BackendInfo>& backends();
+
+// One line per accelerator a built backend finds on this machine (cuda: each GPU with its memory and compute
+// capability, or why there is none); empty when no such backend is built.
+std::vector<std::string> hardware_lines();
 
 struct DeviceSpec {
   std::string backend;                       // a name from backends()

@@ -48,6 +48,22 @@ const char* op_name(Op op) {
   return "?";
 }
 
+bool interface_defines(Op op, DType dtype) {
+  switch (op) {
+    case Op::kGeluForward:
+    case Op::kGeluBackward:
+    case Op::kResidualForward:
+    case Op::kConvert:
+    case Op::kMatmulForward:
+    case Op::kMatmulBackward:
+    case Op::kAttentionForward:
+    case Op::kAttentionBackward:
+      return dtype == DType::kF32 || dtype == DType::kBF16;
+    default:
+      return dtype == DType::kF32;
+  }
+}
+
 #define H2_NOT_IMPLEMENTED(op) H2_CHECK(false) << "backend '" << name() << "' has no " << op_name(op)
 
 void Kernels::encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int, int, int) const {

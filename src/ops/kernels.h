@@ -62,6 +62,10 @@ inline constexpr Op kAllOps[] = {
 };
 const char* op_name(Op op);
 
+// The dtypes the interface defines each op in: f32 for all; bf16 too for matmul, attention, GELU, residual and
+// conversion (the ops bf16 training runs in bf16). A backend that implements them all returns this from supports().
+bool interface_defines(Op op, DType dtype);
+
 // Hyper-parameters of one AdamW step (Loshchilov & Hutter 2019, Algorithm 2; bias correction of Kingma & Ba 2015).
 struct AdamwParams {
   float lr = 3e-4f;

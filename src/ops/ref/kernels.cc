@@ -325,21 +325,7 @@ class RefKernels final : public Kernels {
  public:
   const char* name() const override { return "ref"; }
 
-  bool supports(Op op, DType dtype) const override {
-    switch (op) {
-      case Op::kGeluForward:
-      case Op::kGeluBackward:
-      case Op::kResidualForward:
-      case Op::kConvert:
-      case Op::kMatmulForward:
-      case Op::kMatmulBackward:
-      case Op::kAttentionForward:
-      case Op::kAttentionBackward:
-        return dtype == DType::kF32 || dtype == DType::kBF16;
-      default:
-        return dtype == DType::kF32;
-    }
-  }
+  bool supports(Op op, DType dtype) const override { return interface_defines(op, dtype); }
 
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C,
                        int vocab_start, int V) const override {

@@ -1,0 +1,154 @@
+// The `cuda` device: one CUDA stream per device as its in-order queue (device.h's synchronisation model), a cuBLAS
+// handle on that stream, cudaMalloc'd memory counted against the GPU's capacity.
+#include "device/cuda/device.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cuda/kernels.h"
+
+namespace h2 {
+namespace {
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(DeviceProps props, int ordinal) : Device(std::move(props)), ordinal_(ordinal) {
+    select();
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS || cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) {
+      cudaStreamDestroy(stream_);
+      throw Error(ErrorCode::kInternal, cat("cuBLAS could not start on ", name()));
+    }
+  }
+  ~CudaDevice() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  const Kernels& kernels() const override { return cuda_kernels(); }
+
+  void launch(const char* op_name, const std::function<void()>& kernel) override {
+    select();
+    CudaQueueScope scope(CudaQueue{.stream = stream_, .blas = blas_});
+    try {
+      kernel();
+    } catch (const Error& e) {
+      throw Error(e.code(), cat(name(), ": ", op_name, ": ", e.what()));
+    }
+  }
+
+  // Host memory handed to a copy may be reused as soon as the call returns, so copies to and from it wait for
+  // the stream; device-to-device copies and fills are ordered on it like kernels.
+  void copy_h2d(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    select();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (host to device)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  void copy_d2h(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    select();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (device to host)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  void copy_d2d(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    select();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (device to device)");
+  }
+  void fill_zero(void* dst, size_t bytes) override {
+    if (bytes == 0) return;
+    select();
+    check(cudaMemsetAsync(dst, 0, bytes, stream_), "cudaMemsetAsync");
+  }
+  void synchronize() override {
+    select();
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ protected:
+  void* raw_allocate(size_t bytes) override {
+    select();
+    void* ptr = nullptr;
+    const cudaError_t status = cudaMalloc(&ptr, std::max<size_t>(bytes, 1));
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it
+      throw Error(ErrorCode::kOutOfMemory,
+                  cat("out of memory on device ", name(), ": cudaMalloc refused ", format_bytes(bytes),
+                      " although the device's capacity allowed it "
+                      "(another process may be using the GPU; see nvidia-smi)"));
+    }
+    check(status, "cudaMalloc");
+    return ptr;
+  }
+  void raw_free(void* ptr) override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);  // a kernel still queued may use it
+    cudaFree(ptr);
+  }
+
+ private:
+  void select() { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
+  void check(cudaError_t status, const char* call) const {
+    if (status == cudaSuccess) return;
+    try {
+      check_cuda(status, call);
+    } catch (const Error& e) {
+      throw Error(e.code(), cat(name(), ": ", e.what()));
+    }
+  }
+
+  int ordinal_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+};
+
+}  // namespace
+
+std::vector<CudaDeviceInfo> cuda_devices(std::string* why_none) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  std::vector<CudaDeviceInfo> out;
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    if (why_none != nullptr) *why_none = cat("cudaGetDeviceCount: ", cudaGetErrorString(status));
+    return out;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    out.push_back({.ordinal = i,
+                   .name = p.name,
+                   .memory_bytes = p.totalGlobalMem,
+                   .compute_major = p.major,
+                   .compute_minor = p.minor});
+  }
+  if (out.empty() && why_none != nullptr) *why_none = "the CUDA runtime reports no GPU";
+  return out;
+}
+
+std::unique_ptr<Device> make_cuda_device(int ordinal, size_t mem_capacity_bytes) {
+  std::string why;
+  const std::vector<CudaDeviceInfo> gpus = cuda_devices(&why);
+  if (ordinal < 0 || ordinal >= static_cast<int>(gpus.size())) {
+    throw Error(ErrorCode::kNotFound, gpus.empty() ? cat("no CUDA device: ", why,
+                                                         ". The cuda backend needs an NVIDIA GPU and its driver; "
+                                                         "use --backend cpu here")
+                                                   : cat("no CUDA device cuda:", ordinal, "; this machine has ",
+                                                         gpus.size(), " (cuda:0 to cuda:", gpus.size() - 1, ")"));
+  }
+  const CudaDeviceInfo& g = gpus[static_cast<size_t>(ordinal)];
+  DeviceProps props{.name = cat("cuda:", ordinal),
+                    .backend = "cuda",
+                    .chip = g.name,
+                    .mem_capacity_bytes = std::min(mem_capacity_bytes, g.memory_bytes),
+                    .host_addressable = false};
+  return std::make_unique<CudaDevice>(std::move(props), ordinal);
+}
+
+}  // namespace h2
