@@ -3,6 +3,7 @@
 # root, after scripts/gpu_bundle.sh packed gpu_bundle/ on a build machine. That machine needs the CUDA driver and
 # toolkit (CUDA 13) and, for the comparison step, python3 with PyTorch; none of our Debian packages, no network.
 #   scripts/gpu_check.sh LOG_DIR
+# The device tool carries gpu_bundle/ and data/moby (both ignored by git) beside the working tree.
 # Runs each step below under its own time limit (the whole check stays under 8 minutes), writes each step's output
 # to LOG_DIR/<step>.log, and prints one summary table (also LOG_DIR/summary.txt). Exit status 1 if a step failed.
 set -uo pipefail
@@ -71,6 +72,18 @@ if h2 and pt:
 else:
     print("GPT-2 124M bf16 step: no comparison (a step above failed)")
 PY
-echo "mixed job (a GPU stage and a CPU stage): not in this check yet — h2 train --cluster places every stage on emulated chips" |
-  tee -a "$summary"
+# The mixed job: the GPU and this host's cores as two chip types (examples/cluster_gpu_cpu.yaml), each profiled on
+# its backend, the layout of examples/layout_gpu_cpu.yaml (a CPU stage, then a GPU stage) costed on those figures,
+# then trained for 20 steps; its last line is the measured step beside the simulated one.
+export H2=$bundle/bin/h2 LOGS=$logs
+step mixed-gpu-cpu 240 "measured / simulated" bash -c '
+  set -e
+  [ -e data/moby/train_000.bin ] || { echo "no data/moby: carry it along (scripts/fetch_data.sh prepares it)"; exit 1; }
+  "$H2" profile --cluster examples/cluster_gpu_cpu.yaml --model examples/model_small.yaml --precision bf16 \
+    --out "$LOGS/cluster_profiled.yaml"
+  "$H2" plan --cluster "$LOGS/cluster_profiled.yaml" --model examples/model_small.yaml \
+    --train examples/train_local.yaml --layout examples/layout_gpu_cpu.yaml --out "$LOGS/mixed_plan.json"
+  "$H2" train --config examples/train_cluster.yaml --cluster "$LOGS/cluster_profiled.yaml" \
+    --plan "$LOGS/mixed_plan.json" --model examples/model_small.yaml --train examples/train_local.yaml \
+    --set train.steps=20 --set train.out_dir="$LOGS/mixed"'
 exit $failed

@@ -167,7 +167,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   const std::string plan_path = (fs::path(out_dir) / "plan.json").string();
   save_plan(in.run.plan, plan_path);
   write_cluster_file(planned_on, files.cluster, out_dir);
-  std::printf("launching %d ranks (one per device; emulated chips on this host); outputs in %s\n", ranks,
+  std::printf("launching %d ranks (one per device, on its chip type's backend); outputs in %s\n", ranks,
               out_dir.c_str());
   std::fflush(stdout);
   // Emulated chips share this host's cores: give each rank its share, so that busy ranks do not slow each other

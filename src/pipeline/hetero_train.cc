@@ -103,6 +103,15 @@ EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int h
                     .mem_bandwidth_gbps = 0};
 }
 
+DeviceSpec device_spec_of(const Cluster& cluster, const std::string& chip, int index) {
+  const EmuProfile emu = emu_profile_of(cluster, chip);  // checks the chip type exists
+  const ChipType& c = cluster.chips[static_cast<size_t>(cluster.chip_index(chip))];
+  if (c.backend == "emu") return DeviceSpec{.backend = "emu", .index = index, .emu = emu};
+  return DeviceSpec{.backend = c.backend,
+                    .index = c.backend == "cuda" ? 0 : index,
+                    .mem_capacity_bytes = static_cast<size_t>(c.memory_bytes())};
+}
+
 namespace {
 
 // One rank's training, in the phases run_rank calls in order: join (the stage's communicators), build the stage
@@ -139,7 +148,7 @@ class RankTraining {
   void save(int64_t done);
   float evaluate();
   void record_step(int64_t step, float loss, double lr, double dt);
-  void gather_memory();                  // every rank's device peak, into peaks_ (a collective)
+  void gather_memory();                  // every rank's device peak and backend, into peaks_, backends_ (a collective)
   nlohmann::json memory_report() const;  // per rank: its place, chip, planned and measured bytes
   void print_memory() const;
   // Rows [first_row, first_row + n) of micro-batch m of the step's batch.
@@ -169,6 +178,7 @@ class RankTraining {
   std::vector<int32_t> tokens_, targets_;  // the step's whole batch (first and last stage)
   int64_t first_step_ = 0;
   std::vector<double> peaks_;                   // per rank: its device's measured peak, bytes
+  std::vector<std::string> backends_;           // per rank: its device's backend
   std::vector<std::vector<double>> allocated_;  // per rank: what its stage allocated, stage_memory's terms
   nlohmann::json trace_ = nlohmann::json::array();
   std::ofstream metrics_;
@@ -177,8 +187,7 @@ class RankTraining {
 void RankTraining::build_stage() {
   // A stage whose replicas mix chip types: this replica's type.
   const ReplicaGroup group = stage_.group_of(place_.replica);
-  device_ =
-      create_device(DeviceSpec{.backend = "emu", .index = rank_, .emu = emu_profile_of(run_.cluster, group.chip)});
+  device_ = create_device(device_spec_of(run_.cluster, group.chip, rank_));
   const GptRange range{stage_.embedding, stage_.first_layer, stage_.first_layer + stage_.layers, stage_.head};
   // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
   runner_ = std::make_unique<StageRunner>(
@@ -285,7 +294,17 @@ std::vector<std::vector<double>> gather_bytes(Communicator& world, const std::ve
 
 void RankTraining::gather_memory() {
   peaks_.clear();
-  for (const auto& r : gather_bytes(world_, {static_cast<double>(device_->mem_peak_bytes())})) peaks_.push_back(r[0]);
+  backends_.clear();
+  // The backend as its position in the registry, a number gather_bytes can carry.
+  const std::vector<BackendInfo>& known = backends();
+  size_t backend = 0;
+  while (backend < known.size() && known[backend].name != device_->props().backend) ++backend;
+  for (const auto& r :
+       gather_bytes(world_, {static_cast<double>(device_->mem_peak_bytes()), static_cast<double>(backend)})) {
+    peaks_.push_back(r[0]);
+    const size_t b = static_cast<size_t>(r[1]);
+    backends_.push_back(b < known.size() ? known[b].name : "?");
+  }
 }
 
 nlohmann::json RankTraining::memory_report() const {
@@ -299,6 +318,7 @@ nlohmann::json RankTraining::memory_report() const {
                             {"replica", p.replica},
                             {"tp_rank", p.t},
                             {"chip", group.chip},
+                            {"backend", backends_[static_cast<size_t>(r)]},
                             {"planned_bytes", group.memory_bytes},
                             {"peak_bytes", peaks_[static_cast<size_t>(r)]}};
     if (static_cast<size_t>(r) < allocated_.size()) {
@@ -331,9 +351,9 @@ void RankTraining::print_memory() const {
   std::printf("memory per device, measured peak beside the plan's prediction:\n");
   for (const auto& m : memory_report()) {
     const double planned = m["planned_bytes"].get<double>(), peak = m["peak_bytes"].get<double>();
-    std::printf("  rank %2d (stage %d, %s): peak %s, planned %s (%.3f)\n", m["rank"].get<int>(), m["stage"].get<int>(),
-                m["chip"].get<std::string>().c_str(), format_bytes(peak).c_str(), format_bytes(planned).c_str(),
-                peak / planned);
+    std::printf("  rank %2d (stage %d, %s on %s): peak %s, planned %s (%.3f)\n", m["rank"].get<int>(),
+                m["stage"].get<int>(), m["chip"].get<std::string>().c_str(), m["backend"].get<std::string>().c_str(),
+                format_bytes(peak).c_str(), format_bytes(planned).c_str(), peak / planned);
   }
   std::fflush(stdout);
 }

@@ -56,6 +56,11 @@ GptConfig gpt_config_of(const TransformerShape& shape);
 // only then (device/emu/device.h). The fastest type runs at this host's speed when the cores suffice.
 EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int host_cores = 0);
 
+// The device a rank of chip type `chip` runs on, by the type's backend: its emulation (emu_profile_of), this
+// host's cores (cpu), or the host's first GPU (cuda: one GPU rank per host is what a plan may place), each with
+// the chip's memory as its capacity. `index` numbers it (the rank).
+DeviceSpec device_spec_of(const Cluster& cluster, const std::string& chip, int index);
+
 struct RankOutcome {
   int64_t steps_done = 0;
   float last_loss = 0;

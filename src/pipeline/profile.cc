@@ -24,12 +24,22 @@
 #include "train/optimizer.h"
 
 namespace h2 {
+namespace {
+
+// The speed of the chip's emulation relative to this host; 1 for a chip that runs on real hardware (cpu, cuda).
+double emulated_speed(const Cluster& cluster, const std::string& chip) {
+  const DeviceSpec spec = device_spec_of(cluster, chip, 0);
+  return spec.emu ? spec.emu->speed : 1.0;
+}
+
+}  // namespace
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch, Precision precision, double min_seconds) {
-  EmuProfile profile = emu_profile_of(cluster, chip);
-  profile.mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
-  auto device = create_device(DeviceSpec{.backend = "emu", .index = 0, .emu = profile});
+  DeviceSpec spec = device_spec_of(cluster, chip, 0);
+  if (spec.emu) spec.emu->mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
+  spec.mem_capacity_bytes.reset();                                // the device's own (a GPU's memory, this host's)
+  auto device = create_device(spec);
   Device& dev = *device;
   const GptConfig config = gpt_config_of(shape);
   const int B = micro_batch, T = config.seq_len, C = config.n_embd, NH = config.n_head;
@@ -150,7 +160,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     head_s.push_back(h);
     optim.push_back(p);
   }
-  ChipMeasurement m{.chip = chip, .speed = profile.speed};
+  ChipMeasurement m{.chip = chip, .speed = emulated_speed(cluster, chip)};
   m.kernel_overhead_s = median(overhead);
   // Rates beyond the kernels' fixed costs (a forward and a backward kernel each; the backward runs two GEMMs).
   for (size_t i = 0; i < gemms.size(); ++i) {
@@ -384,7 +394,7 @@ void profile_cluster(const ProfileJob& job) {
     for (double& v : sum) v /= n;
     ChipMeasurement m = measurement_of(sum);
     m.chip = t.name;
-    m.speed = emu_profile_of(cluster, t.name).speed;
+    m.speed = emulated_speed(cluster, t.name);
     chips.push_back(m);
   }
   const LinkMeasurement link{j["bandwidth_gbps"].get<double>(), j["latency_us"].get<double>()};

@@ -394,6 +394,9 @@ float StageRunner::evaluate(int micro_batches, const Batch& batch) {
 }
 
 void StageRunner::reduce_gradients() {
+  // The pipeline's sends first: a collective below may wait on the rendezvous store (a shared window) without
+  // progressing the transport, while the peer waits for a send of ours that needs that progress to complete.
+  wait_sends(-1);
   // Without ZeRO-1 the replicas sum first (a stage need not wait for the other end of the pipeline for that),
   // then the ends exchange their sums of the tied embedding's rows. With ZeRO-1 the replicas' reduce-scatter
   // comes in OPTIM, so the ends exchange each replica's own gradient here.

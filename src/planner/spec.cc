@@ -159,7 +159,9 @@ std::string cluster_to_yaml(const Cluster& c) {
     y << YAML::Key << "memory_gib" << YAML::Value << t.memory_gib << YAML::Key << "memory_bandwidth_gbps" << YAML::Value
       << t.memory_bandwidth_gbps << YAML::Key << "memory_efficiency" << YAML::Value << t.memory_efficiency << YAML::Key
       << "kernel_overhead_us" << YAML::Value << t.kernel_overhead_us << YAML::Key << "host_link_gbps" << YAML::Value
-      << t.host_link_gbps << YAML::EndMap;
+      << t.host_link_gbps;
+    if (t.backend != "emu") y << YAML::Key << "backend" << YAML::Value << t.backend;
+    y << YAML::EndMap;
   }
   y << YAML::EndSeq << YAML::Key << "groups" << YAML::Value << YAML::BeginSeq;
   for (const NodeGroup& g : c.groups) {
@@ -219,6 +221,12 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
   fraction("memory_efficiency", t.memory_efficiency);
   t.kernel_overhead_us = non_negative_number(n, "kernel_overhead_us", t.kernel_overhead_us);
   number("host_link_gbps", t.host_link_gbps, false);
+  if (auto b = n.find("backend")) {
+    t.backend = b->as_string();
+    if (t.backend != "emu" && t.backend != "cpu" && t.backend != "cuda") {
+      b->fail(cat("'", t.backend, "' is not a backend a chip type can run on; use emu, cpu or cuda"));
+    }
+  }
   return t;
 }
 
@@ -245,7 +253,7 @@ Cluster load_cluster(const ConfigNode& root) {
   for (const ConfigNode& n : root.at("chips").items()) {
     n.allow_only({"catalog", "name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
                   "attention_efficiency", "attention_forward_efficiency", "memory_gib", "memory_bandwidth_gbps",
-                  "memory_efficiency", "kernel_overhead_us", "host_link_gbps"});
+                  "memory_efficiency", "kernel_overhead_us", "host_link_gbps", "backend"});
     const CatalogChip* entry = nullptr;
     if (auto name = n.find("catalog")) {
       if (!catalog) name->fail("names a catalog chip, but the file names no catalog; add catalog: chips.yaml");

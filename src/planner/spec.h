@@ -36,6 +36,9 @@ struct ChipType {
   double memory_efficiency = 0.8;    // achievable fraction of it on streaming kernels
   double kernel_overhead_us = 5;     // the fixed cost of each kernel (launch and dispatch), microseconds
   double host_link_gbps = 25;        // device <-> host (PCIe), GB/s: the path of host-staged transfers
+  // What runs this chip type in `h2 train --cluster` and `h2 profile` on the host that runs the job: "emu" (the
+  // default: an emulation paced to its figures), "cpu" (this host's cores, unpaced) or "cuda" (the host's GPU).
+  std::string backend = "emu";
 
   // Achievable rates, FLOP/s and bytes/s.
   double peak_flops(bool bf16) const {

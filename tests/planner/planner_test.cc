@@ -52,6 +52,15 @@ TEST(Spec, BadInputNamesFileAndField) {
               HasSubstr("field 'chips[0].peak_tflops': must be a positive finite number, got 0"));
   EXPECT_THAT(error_of([] { cluster_of("chips: []\ngroups: []\n"); }, ErrorCode::kConfig),
               HasSubstr("lists no chip types"));
+  EXPECT_THAT(
+      error_of(
+          [] {
+            cluster_of(
+                "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1, backend: tpu}\n"
+                "groups: []\n");
+          },
+          ErrorCode::kConfig),
+      HasSubstr("field 'chips[0].backend': 'tpu' is not a backend a chip type can run on; use emu, cpu or cuda"));
   EXPECT_THAT(error_of(
                   [] {
                     cluster_of(
@@ -91,12 +100,15 @@ TEST(Spec, ClusterYamlRoundTripsAwkwardNames) {
   c.chips[0].vendor = "Acme, Inc.";
   c.chips[1].name = "Y [v2]";
   c.chips[2].efficiency = 0.123456;
+  c.chips[1].backend = "cuda";
   const Cluster back = load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "written.yaml"));
   EXPECT_EQ(back.name, c.name);
   ASSERT_EQ(back.chips.size(), 3u);
   EXPECT_EQ(back.chips[0].vendor, "Acme, Inc.");
   EXPECT_EQ(back.chips[1].name, "Y [v2]");
   EXPECT_DOUBLE_EQ(back.chips[2].efficiency, 0.123456);
+  EXPECT_EQ(back.chips[0].backend, "emu");
+  EXPECT_EQ(back.chips[1].backend, "cuda");
   ASSERT_EQ(back.links.size(), 3u);
   EXPECT_EQ(back.links[0].a, 0);
   EXPECT_EQ(back.links[0].b, 1);
