@@ -5,16 +5,35 @@
 #include "device/device.h"
 
 namespace h2 {
+namespace {
+
+// A send from a host copy of a device tensor: the copy lives as long as the request.
+class StagedSend final : public Request {
+ public:
+  StagedSend(std::shared_ptr<char> copy, std::unique_ptr<Request> send)
+      : copy_(std::move(copy)), send_(std::move(send)) {}
+  void wait(std::chrono::milliseconds timeout) override { send_->wait(timeout); }
+  bool test() override { return send_->test(); }
+
+ private:
+  std::shared_ptr<char> copy_;
+  std::unique_ptr<Request> send_;
+};
+
+}  // namespace
 
 void* TensorComm::host_view(const Tensor& t, bool fill) {
   if (t.device().props().host_addressable) return t.data();
-  if (staging_.size() < t.bytes()) staging_.resize(t.bytes());
+  if (staging_bytes_ < t.bytes()) {
+    staging_ = t.device().host_staging(t.bytes());
+    staging_bytes_ = t.bytes();
+  }
   if (fill) {
-    t.device().copy_d2h(staging_.data(), t.data(), t.bytes());
+    t.device().copy_d2h(staging_.get(), t.data(), t.bytes());
     t.device().synchronize();
     staged_bytes_ += static_cast<int64_t>(t.bytes());
   }
-  return staging_.data();
+  return staging_.get();
 }
 
 void TensorComm::write_back(const Tensor& t, void* host) {
@@ -56,12 +75,15 @@ void TensorComm::send(const Tensor& t, int peer, uint32_t tag) {
 }
 
 std::unique_ptr<Request> TensorComm::isend(const Tensor& t, int peer, uint32_t tag) {
-  if (!t.device().props().host_addressable) {
-    send(t, peer, tag);  // the staging buffer is reused by the next call: finish this one now
-    return nullptr;
-  }
   t.device().synchronize();
-  return comm_.isend(t.data(), t.bytes(), peer, tag);
+  if (t.device().props().host_addressable) return comm_.isend(t.data(), t.bytes(), peer, tag);
+  // A copy of its own, not the shared staging buffer: the next call may reuse that before this send completes,
+  // and a send that waited here could wait for a peer that is itself sending to us (1F1B's crossing messages).
+  std::shared_ptr<char> copy = t.device().host_staging(t.bytes());
+  t.device().copy_d2h(copy.get(), t.data(), t.bytes());
+  staged_bytes_ += static_cast<int64_t>(t.bytes());
+  std::unique_ptr<Request> send = comm_.isend(copy.get(), t.bytes(), peer, tag);
+  return std::make_unique<StagedSend>(std::move(copy), std::move(send));
 }
 
 void TensorComm::recv(const Tensor& t, int peer, uint32_t tag) {

@@ -1,6 +1,7 @@
 // Device base: capacity-checked allocation, byte copies over host memory, tensor copies.
 #include "device/device.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -97,6 +98,10 @@ void Device::copy_d2d(void* dst, const void* src, size_t bytes) {
 
 void Device::fill_zero(void* dst, size_t bytes) {
   if (bytes > 0) std::memset(dst, 0, bytes);
+}
+
+std::shared_ptr<char> Device::host_staging(size_t bytes) {
+  return std::shared_ptr<char>(new char[std::max<size_t>(bytes, 1)], std::default_delete<char[]>());
 }
 
 void Device::launch(const char* /*op_name*/, const std::function<void()>& kernel) { kernel(); }

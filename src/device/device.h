@@ -8,12 +8,14 @@
 // The CPU backends (ref, cpu, emu) run each kernel to completion on the calling thread, so for them the queue
 // is the call itself and synchronize() has nothing to wait for; a GPU backend maps the queue to a stream.
 //
-// Deliberately not here: multiple streams per device, events, pinned host memory. They come with the first
-// backend whose memory the host cannot address.
+// Host memory for staging (host_staging): page-locked on a GPU, so that copies to and from the device go by DMA.
+//
+// Deliberately not here: multiple streams per device, events. A backend keeps what it needs of them inside.
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -61,6 +63,9 @@ class Device {
   // Sets `bytes` bytes of device memory to zero.
   virtual void fill_zero(void* dst, size_t bytes);
   virtual void synchronize() {}
+  // `bytes` of host memory this device copies to and from fastest (pinned on a GPU; plain memory by default), for
+  // buffers that stage its tensors; freed when the last owner lets go.
+  virtual std::shared_ptr<char> host_staging(size_t bytes);
 
   // --- kernels ---
   virtual const Kernels& kernels() const = 0;

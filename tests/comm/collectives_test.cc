@@ -309,5 +309,26 @@ TEST(TensorComm, StagesTensorsOfOpaqueDevicesAndCountsTheBytes) {
   for (const std::string& e : errors) ASSERT_EQ(e, "");
 }
 
+// 1F1B's crossing messages: both ranks send before either receives. A staged isend returns a request at once, from a
+// copy of its own, so the tensor may be overwritten before the send completes.
+TEST(TensorComm, AStagedIsendReturnsAtOnceFromItsOwnCopy) {
+  const auto errors = run_ranks(2, [](Communicator& c) {
+    OpaqueDevice device(c.rank());
+    TensorComm tc(c);
+    Tensor out = device.empty(DType::kF32, Shape{{1000}}), in = device.empty(DType::kF32, Shape{{1000}});
+    std::vector<float> host(1000, static_cast<float>(c.rank() + 1));
+    device.copy_h2d(out.data(), host.data(), out.bytes());
+    std::unique_ptr<Request> sent = tc.isend(out, 1 - c.rank(), 9);
+    ASSERT_NE(sent, nullptr);
+    std::vector<float> other(1000, -1.0f);
+    device.copy_h2d(out.data(), other.data(), out.bytes());  // what was sent is the copy, not this
+    tc.recv(in, 1 - c.rank(), 9);
+    c.wait_request(*sent, "send", 1 - c.rank());
+    device.copy_d2h(host.data(), in.data(), in.bytes());
+    for (float x : host) ASSERT_EQ(x, static_cast<float>(2 - c.rank()));
+  });
+  for (const std::string& e : errors) ASSERT_EQ(e, "");
+}
+
 }  // namespace
 }  // namespace h2

@@ -70,6 +70,12 @@ class CudaDevice final : public Device {
     select();
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
+  std::shared_ptr<char> host_staging(size_t bytes) override {
+    void* ptr = nullptr;
+    // Portable: pinned for every GPU of the process, since a staging buffer may serve tensors of several.
+    check(cudaHostAlloc(&ptr, std::max<size_t>(bytes, 1), cudaHostAllocPortable), "cudaHostAlloc");
+    return std::shared_ptr<char>(static_cast<char*>(ptr), [](char* p) { cudaFreeHost(p); });
+  }
 
  protected:
   void* raw_allocate(size_t bytes) override {
