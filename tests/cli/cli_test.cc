@@ -84,6 +84,24 @@ TEST(Cli, BadFieldInChipsFileIsNamed) {
   EXPECT_THAT(r.output, HasSubstr("field 'chips[0].speed'"));
 }
 
+// h2 devices lists the cuda backend when it is built, and each GPU or why there is none; asking for a GPU that is
+// not there is an error naming the reason, not a crash.
+TEST(Cli, DevicesSaysWhatTheCudaBackendFinds) {
+  const Result r = run_h2("devices");
+  EXPECT_EQ(r.status, 0) << r.output;
+#ifdef H2_HAVE_CUDA
+  EXPECT_THAT(r.output, HasSubstr("  cuda an NVIDIA GPU"));
+  EXPECT_THAT(r.output, ::testing::ContainsRegex("  cuda(:0  .*compute capability|: no CUDA device \\()"));
+  const Result check = run_h2("check ops --backend cuda");
+  if (r.output.find("no CUDA device") != std::string::npos) {
+    EXPECT_EQ(check.status, 1);
+    EXPECT_THAT(check.output, HasSubstr("h2: error: no CUDA device"));
+  }
+#else
+  EXPECT_THAT(r.output, Not(HasSubstr("cuda")));
+#endif
+}
+
 TEST(Cli, MissingFileAndUnknownChip) {
   EXPECT_THAT(run_h2("devices --chips /nonexistent.yaml").output, HasSubstr("/nonexistent.yaml: cannot open"));
   const Result r =
