@@ -17,7 +17,7 @@ class CudaDevice final : public Device {
  public:
   CudaDevice(DeviceProps props, int ordinal) : Device(std::move(props)), ordinal_(ordinal) {
     select();
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS || cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) {
       cudaStreamDestroy(stream_);
       throw Error(ErrorCode::kInternal, cat("cuBLAS could not start on ", name()));
@@ -100,14 +100,7 @@ class CudaDevice final : public Device {
 
  private:
   void select() { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
-  void check(cudaError_t status, const char* call) const {
-    if (status == cudaSuccess) return;
-    try {
-      check_cuda(status, call);
-    } catch (const Error& e) {
-      throw Error(e.code(), cat(name(), ": ", e.what()));
-    }
-  }
+  void check(cudaError_t status, const char* call) const { check_cuda(status, call, name()); }
 
   int ordinal_;
   cudaStream_t stream_ = nullptr;

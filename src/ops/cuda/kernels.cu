@@ -525,10 +525,11 @@ class CudaKernels final : public Kernels {
 CudaQueueScope::CudaQueueScope(CudaQueue queue) : previous_(current_queue) { current_queue = queue; }
 CudaQueueScope::~CudaQueueScope() { current_queue = previous_; }
 
-void check_cuda(int status, const char* call) {
+void check_cuda(int status, const char* call, const std::string& where) {
   if (status != cudaSuccess) {
     const auto e = static_cast<cudaError_t>(status);
-    throw Error(ErrorCode::kInternal, cat(call, " failed: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
+    throw Error(ErrorCode::kInternal, cat(where.empty() ? "" : where + ": ", call, " failed: ", cudaGetErrorName(e),
+                                          " (", cudaGetErrorString(e), ")"));
   }
 }
 

@@ -6,6 +6,8 @@
 // launch (CudaQueueScope); a kernel called outside a launch is a bug (checked).
 #pragma once
 
+#include <string>
+
 #include "ops/kernels.h"
 
 namespace h2 {
@@ -29,7 +31,8 @@ class CudaQueueScope {
 
 const Kernels& cuda_kernels();
 
-// Throws Error(kInternal) naming the CUDA call and the error when `status` (a cudaError_t) is not success.
-void check_cuda(int status, const char* call);
+// Throws Error(kInternal) naming the CUDA call and the error when `status` (a cudaError_t) is not success, after
+// `where` (a device's name) when given.
+void check_cuda(int status, const char* call, const std::string& where = "");
 
 }  // namespace h2
