@@ -27,7 +27,7 @@ struct FakeTime {
 TEST(Pacer, HalfSpeedDoublesKernelTime) {
   FakeTime time;
   Pacer pacer = time.make(0.5, 0.0);
-  pacer.after_kernel(0.010);  // a 10 ms kernel on the host should take 20 ms on a half-speed chip
+  pacer.after_kernel(0.010, 0.010);  // a 10 ms kernel on the host should take 20 ms on a half-speed chip
   ASSERT_EQ(time.sleeps.size(), 1u);
   EXPECT_DOUBLE_EQ(time.sleeps[0], 0.010);
   EXPECT_DOUBLE_EQ(pacer.debt_seconds(), 0.0);
@@ -36,7 +36,7 @@ TEST(Pacer, HalfSpeedDoublesKernelTime) {
 TEST(Pacer, SmallDebtsWaitForTheThresholdThenFlush) {
   FakeTime time;
   Pacer pacer = time.make(0.25, 0.0);
-  pacer.after_kernel(20e-6);  // owes 60 us: below the threshold, no sleep yet
+  pacer.after_kernel(20e-6, 20e-6);  // owes 60 us: below the threshold, no sleep yet
   EXPECT_TRUE(time.sleeps.empty());
   EXPECT_NEAR(pacer.debt_seconds(), 60e-6, 1e-12);
   pacer.flush();
@@ -48,11 +48,29 @@ TEST(Pacer, OversleepIsPaidBackByLaterKernels) {
   FakeTime time;
   time.oversleep = 0.001;
   Pacer pacer = time.make(0.5, 0.0);
-  pacer.after_kernel(0.002);  // owes 2 ms, sleeps 3 ms: 1 ms ahead
+  pacer.after_kernel(0.002, 0.002);  // owes 2 ms, sleeps 3 ms: 1 ms ahead
   EXPECT_NEAR(pacer.debt_seconds(), -0.001, 1e-12);
-  pacer.after_kernel(0.0005);  // owes 0.5 ms more: still ahead, no sleep
+  pacer.after_kernel(0.0005, 0.0005);  // owes 0.5 ms more: still ahead, no sleep
   EXPECT_EQ(time.sleeps.size(), 1u);
   EXPECT_NEAR(pacer.debt_seconds(), -0.0005, 1e-12);
+}
+
+// A loaded host: the kernel's 10 ms of work took 15 ms of wall time because other ranks shared its core. A
+// half-speed chip takes 20 ms for it, so 5 ms remain to sleep, not 10: the kernel's time does not grow with the load.
+TEST(Pacer, TimeSlicesGivenToOtherRanksCountTowardTheChipsTime) {
+  FakeTime time;
+  Pacer pacer = time.make(0.5, 0.0);
+  pacer.after_kernel(0.010, 0.015);
+  ASSERT_EQ(time.sleeps.size(), 1u);
+  EXPECT_NEAR(time.sleeps[0], 0.005, 1e-12);
+  // Slowed beyond the chip's 20 ms (30 ms of wall time): nothing owed, and no credit taken to the next kernel,
+  // which sleeps its own 10 ms.
+  pacer.after_kernel(0.010, 0.030);
+  EXPECT_EQ(time.sleeps.size(), 1u);
+  EXPECT_DOUBLE_EQ(pacer.debt_seconds(), 0.0);
+  pacer.after_kernel(0.010, 0.010);
+  ASSERT_EQ(time.sleeps.size(), 2u);
+  EXPECT_NEAR(time.sleeps[1], 0.010, 1e-12);
 }
 
 TEST(Pacer, CopiesFollowTheBandwidth) {

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <thread>
@@ -47,9 +48,10 @@ class EmuDevice final : public Device {
   // ranks sharing its core do not count as the emulated chip's work; a multi-threaded kernel by the wall clock.
   void launch(const char* /*op_name*/, const std::function<void()>& kernel) override {
     const bool one_thread = omp_get_max_threads() == 1;
-    const double t0 = one_thread ? thread_cpu_seconds() : monotonic_seconds();
+    const double w0 = monotonic_seconds(), c0 = one_thread ? thread_cpu_seconds() : w0;
     kernel();
-    pacer_.after_kernel((one_thread ? thread_cpu_seconds() : monotonic_seconds()) - t0);
+    const double wall = monotonic_seconds() - w0;
+    pacer_.after_kernel(one_thread ? thread_cpu_seconds() - c0 : wall, wall);
   }
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
     timed_copy(bytes, [&] { Device::copy_h2d(dst, src, bytes); });
@@ -84,8 +86,11 @@ Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep)
   H2_CHECK(speed > 0.0 && speed <= 1.0) << "speed " << speed;
 }
 
-void Pacer::after_kernel(double host_seconds) {
-  debt_seconds_ += host_seconds * (1.0 / speed_ - 1.0);
+// The kernel's wall time beyond its work (time slices given to other threads) pays for its idle time first; a
+// kernel slowed beyond its chip's time may cancel debt still unpaid but does not put the chip ahead.
+void Pacer::after_kernel(double work_seconds, double wall_seconds) {
+  const double owed = work_seconds / speed_ - wall_seconds;
+  debt_seconds_ = std::max(debt_seconds_ + owed, std::min(debt_seconds_, 0.0));
   pay(kMinSleepSeconds);
 }
 
