@@ -1,5 +1,5 @@
 // The `cuda` device: one CUDA stream per device as its in-order queue (device.h's synchronisation model), a cuBLAS
-// handle on that stream, cudaMalloc'd memory counted against the GPU's capacity.
+// handle on that stream, cudaMalloc'd memory counted against the GPU's capacity, pinned staging buffers from a pool.
 #include "device/cuda/device.h"
 
 #include <cublas_v2.h>
@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "device/staging_pool.h"
 #include "ops/cuda/kernels.h"
 
 namespace h2 {
@@ -70,12 +71,7 @@ class CudaDevice final : public Device {
     select();
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
-  std::shared_ptr<char> host_staging(size_t bytes) override {
-    void* ptr = nullptr;
-    // Portable: pinned for every GPU of the process, since a staging buffer may serve tensors of several.
-    check(cudaHostAlloc(&ptr, std::max<size_t>(bytes, 1), cudaHostAllocPortable), "cudaHostAlloc");
-    return std::shared_ptr<char>(static_cast<char*>(ptr), [](char* p) { cudaFreeHost(p); });
-  }
+  std::shared_ptr<char> host_staging(size_t bytes) override { return staging_.take(bytes); }
 
  protected:
   void* raw_allocate(size_t bytes) override {
@@ -102,9 +98,21 @@ class CudaDevice final : public Device {
   void select() { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
   void check(cudaError_t status, const char* call) const { check_cuda(status, call, name()); }
 
+  // Pinned memory takes milliseconds to allocate and free, and every staged pipeline send needs a buffer of its
+  // own: freed buffers are kept for reuse, up to kStagingReserve.
+  static constexpr size_t kStagingReserve = size_t{512} << 20;
+  char* pinned(size_t bytes) const {
+    void* ptr = nullptr;
+    // Portable: pinned for every GPU of the process, since a staging buffer may serve tensors of several.
+    check(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable), "cudaHostAlloc");
+    return static_cast<char*>(ptr);
+  }
+
   int ordinal_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  StagingPool staging_{[this](size_t bytes) { return pinned(bytes); }, [](char* p) { cudaFreeHost(p); },
+                       kStagingReserve};
 };
 
 }  // namespace
