@@ -104,7 +104,7 @@ std::shared_ptr<char> Device::host_staging(size_t bytes) {
   return std::shared_ptr<char>(new char[std::max<size_t>(bytes, 1)], std::default_delete<char[]>());
 }
 
-void Device::launch(const char* /*op_name*/, const std::function<void()>& kernel) { kernel(); }
+void Device::launch(const char* /*op_name*/, uint64_t /*shape_key*/, const std::function<void()>& kernel) { kernel(); }
 
 namespace {
 void check_copy(const Tensor& dst, const Tensor& src) {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -69,8 +70,9 @@ class Device {
 
   // --- kernels ---
   virtual const Kernels& kernels() const = 0;
-  // Runs one kernel on this device's queue. `op_name` is for pacing, tracing and error messages.
-  virtual void launch(const char* op_name, const std::function<void()>& kernel);
+  // Runs one kernel on this device's queue. `op_name` is for tracing and error messages; calls with the same
+  // `shape_key` (the op, its arguments' shapes and dtypes) do the same work, which an emulated chip paces alike.
+  virtual void launch(const char* op_name, uint64_t shape_key, const std::function<void()>& kernel);
 
  protected:
   // Backends whose memory is not host memory override these two.

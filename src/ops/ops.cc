@@ -57,10 +57,15 @@ class Args {
     if (value <= 0) fail(cat(what, " must be positive, got ", value));
   }
   // All tensors on one device; returns it.
+  // The device of the arguments; their shapes and dtypes make the call's shape key (Device::launch).
   Device& device(std::initializer_list<const Tensor*> tensors) const {
     Device* dev = nullptr;
+    shape_key_ = static_cast<uint64_t>(op_) + 1;
+    const auto mix = [this](uint64_t v) { shape_key_ = (shape_key_ ^ v) * 0x100000001b3ULL; };  // FNV-1a's step
     for (const Tensor* t : tensors) {
+      mix(t->defined() ? static_cast<uint64_t>(t->dtype()) + 1 : 0);
       if (!t->defined()) continue;
+      for (int i = 0; i < t->shape().rank(); ++i) mix(static_cast<uint64_t>(t->shape()[i]));
       if (dev == nullptr) {
         dev = &t->device();
       } else if (dev != &t->device()) {
@@ -82,9 +87,11 @@ class Args {
     }
   }
   Op op() const { return op_; }
+  uint64_t shape_key() const { return shape_key_; }
 
  private:
   Op op_;
+  mutable uint64_t shape_key_ = 0;  // set by device()
 };
 
 int checked_int(const Args& a, int64_t value, const char* what) {
@@ -92,9 +99,9 @@ int checked_int(const Args& a, int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
-void run(Device& dev, Op op, DType dtype, const std::function<void(const Kernels&)>& body) {
-  const Kernels& kernels = select_kernels(dev, op, dtype);
-  dev.launch(op_name(op), [&] { body(kernels); });
+void run(Device& dev, const Args& a, DType dtype, const std::function<void(const Kernels&)>& body) {
+  const Kernels& kernels = select_kernels(dev, a.op(), dtype);
+  dev.launch(op_name(a.op()), a.shape_key() ^ (static_cast<uint64_t>(dtype) << 56), [&] { body(kernels); });
 }
 
 }  // namespace
@@ -152,7 +159,7 @@ void encoder_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
   a.numel(out, "out", B * T * C, cat("B*T*C = ", B, "*", T, "*", C));
   Device& dev = a.device({&out, &tokens, &wte, &wpe});
   if (B * T == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+  run(dev, a, DType::kF32, [&](const Kernels& k) {
     k.encoder_forward(out.data_as<float>(), tokens.data_as<int32_t>(), wte.data_as<float>(),
                       wpe.defined() ? wpe.data_as<float>() : nullptr, checked_int(a, B, "B"), checked_int(a, T, "T"),
                       checked_int(a, C, "C"), checked_int(a, vocab_start, "vocab_start"), checked_int(a, Vr, "Vr"));
@@ -167,7 +174,7 @@ void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout
   a.numel(dout, "dout", B * T * C, cat("B*T*C = ", B, "*", T, "*", C));
   Device& dev = a.device({&dwte, &dwpe, &dout, &tokens});
   if (B * T == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+  run(dev, a, DType::kF32, [&](const Kernels& k) {
     k.encoder_backward(dwte.data_as<float>(), dwpe.defined() ? dwpe.data_as<float>() : nullptr, dout.data_as<float>(),
                        tokens.data_as<int32_t>(), checked_int(a, B, "B"), checked_int(a, T, "T"),
                        checked_int(a, C, "C"), checked_int(a, vocab_start, "vocab_start"), checked_int(a, Vr, "Vr"));
@@ -195,7 +202,7 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
   a.numel(bias, "bias", C, "one per channel");
   Device& dev = a.device({&out, &mean, &rstd, &inp, &weight, &bias});
   if (N == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+  run(dev, a, DType::kF32, [&](const Kernels& k) {
     k.layernorm_forward(out.data_as<float>(), mean.data_as<float>(), rstd.data_as<float>(), inp.data_as<float>(),
                         weight.data_as<float>(), bias.data_as<float>(), N, checked_int(a, C, "C"));
   });
@@ -226,7 +233,7 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
   a.numel(dbias, "dbias", C, "one per channel");
   Device& dev = a.device({&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd});
   if (N == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+  run(dev, a, DType::kF32, [&](const Kernels& k) {
     k.layernorm_backward(dinp.data_as<float>(), dweight.data_as<float>(), dbias.data_as<float>(), dout.data_as<float>(),
                          inp.data_as<float>(), weight.data_as<float>(), mean.data_as<float>(), rstd.data_as<float>(), N,
                          checked_int(a, C, "C"));
@@ -258,7 +265,7 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
   if (N == 0) return;
   const float* b = bias.defined() ? bias.data_as<float>() : nullptr;
   const int c = checked_int(a, C, "C"), oc = checked_int(a, OC, "OC");
-  run(dev, a.op(), dtype, [&](const Kernels& k) {
+  run(dev, a, dtype, [&](const Kernels& k) {
     if (dtype == DType::kBF16) {
       k.matmul_forward_bf16(out.data_as<float>(), inp.data_as<bf16_t>(), weight.data_as<bf16_t>(), b, N, c, oc);
     } else {
@@ -297,7 +304,7 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   if (N == 0) return;
   float* db = dbias.defined() ? dbias.data_as<float>() : nullptr;
   const int c = checked_int(a, C, "C"), oc = checked_int(a, OC, "OC");
-  run(dev, a.op(), dtype, [&](const Kernels& k) {
+  run(dev, a, dtype, [&](const Kernels& k) {
     if (dtype == DType::kBF16) {
       k.matmul_backward_bf16(dinp.data_as<float>(), dweight.data_as<float>(), db, dout.data_as<float>(),
                              inp.data_as<bf16_t>(), weight.data_as<bf16_t>(), N, c, oc);
@@ -336,7 +343,7 @@ void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, 
   Device& dev = a.device({&out, &att, &qkv});
   if (B * T == 0) return;
   const int b = checked_int(a, B, "B"), t = checked_int(a, T, "T"), c = checked_int(a, C, "C");
-  run(dev, a.op(), dtype, [&](const Kernels& k) {
+  run(dev, a, dtype, [&](const Kernels& k) {
     if (dtype == DType::kBF16) {
       k.attention_forward_bf16(out.data_as<bf16_t>(), att.data_as<bf16_t>(), qkv.data_as<bf16_t>(), b, t, c, num_heads);
     } else {
@@ -356,7 +363,7 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
   if (B * T == 0) return;
   const int b = checked_int(a, B, "B"), t = checked_int(a, T, "T"), c = checked_int(a, C, "C");
   const DType dtype = qkv.dtype();
-  run(dev, a.op(), dtype, [&](const Kernels& k) {
+  run(dev, a, dtype, [&](const Kernels& k) {
     if (dtype == DType::kBF16) {
       k.attention_backward_bf16(dqkv.data_as<float>(), dout.data_as<float>(), qkv.data_as<bf16_t>(),
                                 att.data_as<bf16_t>(), b, t, c, num_heads);
@@ -388,7 +395,7 @@ void gelu_forward(const Tensor& out, const Tensor& inp) {
   const DType dtype = elementwise(a, {{&out, "out"}, {&inp, "inp"}});
   Device& dev = a.device({&out, &inp});
   if (out.numel() == 0) return;
-  run(dev, a.op(), dtype, [&](const Kernels& k) { k.gelu_forward(out.data(), inp.data(), dtype, out.numel()); });
+  run(dev, a, dtype, [&](const Kernels& k) { k.gelu_forward(out.data(), inp.data(), dtype, out.numel()); });
 }
 
 void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
@@ -401,7 +408,7 @@ void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   const DType dtype = inp.dtype();
   Device& dev = a.device({&dinp, &inp, &dout});
   if (dinp.numel() == 0) return;
-  run(dev, a.op(), dtype, [&](const Kernels& k) {
+  run(dev, a, dtype, [&](const Kernels& k) {
     k.gelu_backward(dinp.data_as<float>(), inp.data(), dout.data_as<float>(), dtype, dinp.numel());
   });
 }
@@ -411,7 +418,7 @@ void residual_forward(const Tensor& out, const Tensor& inp1, const Tensor& inp2)
   const DType dtype = elementwise(a, {{&out, "out"}, {&inp1, "inp1"}, {&inp2, "inp2"}});
   Device& dev = a.device({&out, &inp1, &inp2});
   if (out.numel() == 0) return;
-  run(dev, a.op(), dtype,
+  run(dev, a, dtype,
       [&](const Kernels& k) { k.residual_forward(out.data(), inp1.data(), inp2.data(), dtype, out.numel()); });
 }
 
@@ -431,7 +438,7 @@ void crossentropy_forward_backward(const Tensor& losses, const Tensor& dlogits, 
   Device& dev = a.device({&losses, &dlogits, &logits, &targets});
   a.token_range(targets, "targets", V, true);
   if (N == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+  run(dev, a, DType::kF32, [&](const Kernels& k) {
     k.crossentropy_forward_backward(losses.data_as<float>(), dlogits.data_as<float>(), logits.data_as<float>(),
                                     targets.data_as<int32_t>(), dloss, N, checked_int(a, V, "V"));
   });
@@ -472,7 +479,7 @@ void crossentropy_stats(const Tensor& maxes, const Tensor& sums, const Tensor& t
                         vocab_start, vocab_size);
   Device& dev = a.device({&maxes, &sums, &target_logits, &logits, &targets});
   if (N == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+  run(dev, a, DType::kF32, [&](const Kernels& k) {
     k.crossentropy_stats(maxes.data_as<float>(), sums.data_as<float>(), target_logits.data_as<float>(),
                          logits.data_as<float>(), targets.data_as<int32_t>(), N, checked_int(a, Vr, "Vr"),
                          checked_int(a, vocab_start, "vocab_start"));
@@ -488,7 +495,7 @@ void crossentropy_backward(const Tensor& dlogits, const Tensor& logits, const Te
   a.same_shape(dlogits, "dlogits", logits, "logits");
   Device& dev = a.device({&dlogits, &logits, &maxes, &sums, &targets});
   if (N == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) {
+  run(dev, a, DType::kF32, [&](const Kernels& k) {
     k.crossentropy_backward(dlogits.data_as<float>(), logits.data_as<float>(), maxes.data_as<float>(),
                             sums.data_as<float>(), targets.data_as<int32_t>(), dloss, N, checked_int(a, Vr, "Vr"),
                             checked_int(a, vocab_start, "vocab_start"));
@@ -505,7 +512,7 @@ void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const 
   }
   Device& dev = a.device({&params, &m, &v, &grads});
   if (params.numel() == 0) return;
-  run(dev, a.op(), dtype, [&](const Kernels& k) {
+  run(dev, a, dtype, [&](const Kernels& k) {
     k.adamw_update(params.data_as<float>(), m.data_as<float>(), v.data_as<float>(), grads.data_as<float>(),
                    params.numel(), hp);
   });
@@ -518,7 +525,7 @@ void global_norm_squared(const Tensor& out, const Tensor& inp) {
   a.numel(out, "out", 1, "a single accumulator");
   Device& dev = a.device({&out, &inp});
   if (inp.numel() == 0) return;
-  run(dev, a.op(), DType::kF32,
+  run(dev, a, DType::kF32,
       [&](const Kernels& k) { k.global_norm_squared(out.data_as<float>(), inp.data_as<float>(), inp.numel()); });
 }
 
@@ -527,7 +534,7 @@ void scale(const Tensor& x, float s) {
   a.dtype(x, "x", DType::kF32);
   Device& dev = a.device({&x});
   if (x.numel() == 0) return;
-  run(dev, a.op(), DType::kF32, [&](const Kernels& k) { k.scale(x.data_as<float>(), s, x.numel()); });
+  run(dev, a, DType::kF32, [&](const Kernels& k) { k.scale(x.data_as<float>(), s, x.numel()); });
 }
 
 void convert(const Tensor& out, const Tensor& inp) {
@@ -542,8 +549,7 @@ void convert(const Tensor& out, const Tensor& inp) {
   if (out.numel() == 0) return;
   // A backend must support the conversion in both of its dtypes.
   const DType key = out.dtype() == DType::kBF16 || inp.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;
-  run(dev, a.op(), key,
-      [&](const Kernels& k) { k.convert(out.data(), out.dtype(), inp.data(), inp.dtype(), out.numel()); });
+  run(dev, a, key, [&](const Kernels& k) { k.convert(out.data(), out.dtype(), inp.data(), inp.dtype(), out.numel()); });
 }
 
 }  // namespace h2::ops

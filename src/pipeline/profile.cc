@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -320,8 +321,26 @@ int threads_per_rank(const Cluster& cluster) {
 
 }  // namespace
 
-// Its chip type's measurements while every other rank measures its own (emulated chips share this host's cores
-// and memory as the training ranks will), then the link; rank 0 writes what all found.
+// Waits, asleep, for rank `from`'s word that it is done (a measurement may take longer than a collective's
+// timeout); gives up after kMeasureTimeout.
+void wait_for_turn(Communicator& world, int from) {
+  constexpr auto kMeasureTimeout = std::chrono::minutes(10);
+  char done = 0;
+  std::unique_ptr<Request> r = world.irecv(&done, 1, from, /*tag=*/1);
+  const auto deadline = std::chrono::steady_clock::now() + kMeasureTimeout;
+  while (!r->test()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      throw Error(ErrorCode::kInternal, cat("h2 profile: rank ", world.rank(), " waited 10 minutes for rank ", from,
+                                            " to finish measuring its chip; is it stuck? (see its output above)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+// One chip type at a time, on its first rank, while every other rank sleeps: the training ranks' emulated chips
+// count a kernel's work as the least its shapes have done (device/emu/device.h), which is what it does without
+// other ranks in the host's caches — what a rank measures alone. Then the link, every rank at once; rank 0 writes
+// what the measuring ranks found.
 void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, Precision precision,
                   const std::string& out) {
   const Cluster cluster = load_cluster_arg(cluster_file);
@@ -330,20 +349,47 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   Communicator& world = *job->world;
   omp_set_num_threads(threads_per_rank(cluster));
   world.barrier();
-  // Every rank measures for the same few seconds at least, so the host stays as loaded as in training until the
-  // slowest chip's rounds are done.
-  const ChipMeasurement m =
-      measure_chip(cluster, chips[static_cast<size_t>(world.rank())], shape, micro_batch, precision,
-                   /*min_seconds=*/8.0);
+  const int me = world.rank();
+  const auto measures = [&](int r) {
+    return std::find(chips.begin(), chips.begin() + r, chips[static_cast<size_t>(r)]) == chips.begin() + r;
+  };
+  std::vector<int> turns;  // the measuring ranks, in order: each tells the next when it is done, the last tells all
+  for (int r = 0; r < world.size(); ++r) {
+    if (measures(r)) turns.push_back(r);
+  }
+  const auto tell = [&](int to) {
+    const char done = 1;
+    std::unique_ptr<Request> s = world.isend(&done, 1, to, /*tag=*/1);
+    world.wait_request(*s, "h2 profile: done measuring", to);
+  };
+  ChipMeasurement m;
+  const auto turn = std::find(turns.begin(), turns.end(), me);
+  if (turn != turns.end()) {
+    if (turn != turns.begin()) wait_for_turn(world, *(turn - 1));
+    m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, /*min_seconds=*/2.0);
+    if (turn + 1 != turns.end()) tell(*(turn + 1));
+  }
+  if (me == turns.back()) {
+    for (int other = 0; other < world.size(); ++other) {
+      if (other != me) tell(other);
+    }
+  } else {
+    wait_for_turn(world, turns.back());
+  }
   world.barrier();
   const LinkMeasurement link = measure_link(world);
   const std::vector<double> figures = measurement_figures(m);
   std::vector<float> mine(figures.begin(), figures.end());
+  // Every measuring rank has as many figures as rank 0 (the first to measure); the others send as many zeros.
+  float count = static_cast<float>(mine.size());
+  world.broadcast(&count, 1, DType::kF32, 0);
+  mine.resize(static_cast<size_t>(count), 0.0f);
   std::vector<float> all(mine.size() * static_cast<size_t>(world.size()));
   world.all_gather(all.data(), mine.data(), mine.size(), DType::kF32);
   if (world.rank() == 0) {
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < world.size(); ++r) {
+      if (!measures(r)) continue;
       std::vector<double> figures(all.begin() + static_cast<long>(static_cast<size_t>(r) * mine.size()),
                                   all.begin() + static_cast<long>((static_cast<size_t>(r) + 1) * mine.size()));
       ranks.push_back({{"chip", chips[static_cast<size_t>(r)]}, {"figures", figures}});
@@ -362,8 +408,8 @@ void profile_cluster(const ProfileJob& job) {
   const Cluster cluster = load_cluster_arg(cluster_file);
   const std::vector<std::string> ranks = rank_chips(cluster);
   std::printf(
-      "profiling %zu chip type(s) of %s at the shapes of %s, micro-batch %d, %s: %zu processes at once (one per "
-      "device), %d thread(s) each\n",
+      "profiling %zu chip type(s) of %s at the shapes of %s, micro-batch %d, %s: one chip type at a time, on the "
+      "first of %zu processes (one per device) that has it, %d thread(s) each\n",
       cluster.chips.size(), cluster_file.c_str(), model_label.c_str(), micro_batch, precision_name(job.precision),
       ranks.size(), threads_per_rank(cluster));
   // The ranks read the shape from a model file (the job's may come from a training config) and write raw results.

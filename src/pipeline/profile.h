@@ -10,8 +10,9 @@
 // f32 parameter) true. A block's forward + backward and the head's are measured whole too, and printed beside what
 // the cost model predicts from those figures. Per link: DiComm latency from 8-byte exchanges and bandwidth from
 // 32 MiB all-reduces of every pair of ranks at once, applied to every link and NIC of the cluster (on one host
-// they are all the same path). `h2 profile` runs these in one process per device, all at once, so each chip is
-// measured while the others load the host as training will.
+// they are all the same path). `h2 profile` runs one process per device; each chip type is measured on the first of
+// them that has it while the others sleep (an emulated chip counts a kernel's work as the least its shapes have
+// done, without other ranks in the host's caches: device/emu/device.h), and the links with every process at once.
 #pragma once
 
 #include <functional>
@@ -55,8 +56,7 @@ struct LinkMeasurement {
   double latency_us = 0;
 };
 
-// Medians over rounds of the measurements, repeated for at least `min_seconds` (so that ranks measuring at once
-// keep loading the host until all are done) and at least 5 rounds. The GEMMs, a block and the head run in
+// Medians over rounds of the measurements, repeated for at least `min_seconds` and at least 5 rounds. The GEMMs, a block and the head run in
 // `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h).
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch, Precision precision, double min_seconds = 0);

@@ -491,14 +491,14 @@ TEST_F(ClusterTraining, RanksStartedByMpirunRunAGivenPlan) {
   EXPECT_THAT(no_plan.output, HasSubstr("under mpirun needs --plan"));
 }
 
-// h2 profile measures each chip type (one process per device, all at once) and the link, and writes a cluster
-// file the planner reads: the measured FLOP rate as the peak at efficiency 1. (The rates themselves are not
-// checked: this model's kernels are too small to time; docs/pipeline.md has the example's.)
+// h2 profile measures each chip type (on the first of one process per device that has it, one type at a time) and
+// the link, and writes a cluster file the planner reads: the measured FLOP rate as the peak at efficiency 1. (The
+// rates themselves are not checked: this model's kernels are too small to time; docs/pipeline.md has the example's.)
 TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   const std::string out = dir_ + "/profiled.yaml";
   const Result r = run_h2("profile --cluster " + cluster_ + " --model " + model_ + " --out " + out);
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_THAT(r.output, HasSubstr("2 processes at once (one per device)"));
+  EXPECT_THAT(r.output, HasSubstr("one chip type at a time, on the first of 2 processes (one per device)"));
   const Cluster measured = load_cluster(ConfigNode::load_file(out));
   EXPECT_EQ(measured.name, "two-chips-profiled");
   const ChipType& fast = measured.chips[static_cast<size_t>(measured.chip_index("fast"))];
@@ -517,6 +517,19 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   const Result bf16 = run_h2("profile --precision bf16 --cluster " + cluster_ + " --model " + model_ + " --out " + out);
   ASSERT_EQ(bf16.status, 0) << bf16.output;
   EXPECT_GT(load_cluster(ConfigNode::load_file(out)).chips.front().peak_tflops, 0.0);
+  // Two devices of each type: the second of each waits while the first measures, and only the first's figures
+  // count (a waiting rank's would be zeros).
+  std::string four = read_file(cluster_);
+  for (size_t at; (at = four.find("chips_per_node: 1")) != std::string::npos;)
+    four.replace(at, 17, "chips_per_node: 2");
+  write_file_atomic(dir_ + "/four.yaml", four);
+  const Result pairs = run_h2("profile --cluster " + dir_ + "/four.yaml --model " + model_ + " --out " + out);
+  ASSERT_EQ(pairs.status, 0) << pairs.output;
+  EXPECT_THAT(pairs.output, HasSubstr("on the first of 4 processes"));
+  for (const ChipType& chip : load_cluster(ConfigNode::load_file(out)).chips) {
+    EXPECT_GT(chip.peak_tflops, 0.0) << chip.name;
+    EXPECT_GT(chip.memory_bandwidth_gbps, 0.0) << chip.name;
+  }
 }
 
 // --elastic: a rank of a 4-device job (2 fast, 2 slow: each stage two replicas) is killed in step 5; the driver

@@ -1,6 +1,10 @@
 // The emulated chip: pacing arithmetic against a fake clock, profiles and their errors.
+#include <set>
+
 #include "device/emu/device.h"
 #include "device/registry.h"
+#include "ops/cpu/kernels.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -8,6 +12,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing_util::error_of;
+
+constexpr uint64_t kKey = 7;  // a kernel's shape key
 
 // A clock that only moves when the pacer sleeps; `oversleep` is added to every sleep, as a real OS does.
 struct FakeTime {
@@ -27,7 +33,7 @@ struct FakeTime {
 TEST(Pacer, HalfSpeedDoublesKernelTime) {
   FakeTime time;
   Pacer pacer = time.make(0.5, 0.0);
-  pacer.after_kernel(0.010, 0.010);  // a 10 ms kernel on the host should take 20 ms on a half-speed chip
+  pacer.after_kernel(kKey, 0.010, 0.010);  // a 10 ms kernel on the host should take 20 ms on a half-speed chip
   ASSERT_EQ(time.sleeps.size(), 1u);
   EXPECT_DOUBLE_EQ(time.sleeps[0], 0.010);
   EXPECT_DOUBLE_EQ(pacer.debt_seconds(), 0.0);
@@ -36,7 +42,7 @@ TEST(Pacer, HalfSpeedDoublesKernelTime) {
 TEST(Pacer, SmallDebtsWaitForTheThresholdThenFlush) {
   FakeTime time;
   Pacer pacer = time.make(0.25, 0.0);
-  pacer.after_kernel(20e-6, 20e-6);  // owes 60 us: below the threshold, no sleep yet
+  pacer.after_kernel(kKey, 20e-6, 20e-6);  // owes 60 us: below the threshold, no sleep yet
   EXPECT_TRUE(time.sleeps.empty());
   EXPECT_NEAR(pacer.debt_seconds(), 60e-6, 1e-12);
   pacer.flush();
@@ -48,9 +54,9 @@ TEST(Pacer, OversleepIsPaidBackByLaterKernels) {
   FakeTime time;
   time.oversleep = 0.001;
   Pacer pacer = time.make(0.5, 0.0);
-  pacer.after_kernel(0.002, 0.002);  // owes 2 ms, sleeps 3 ms: 1 ms ahead
+  pacer.after_kernel(kKey, 0.002, 0.002);  // owes 2 ms, sleeps 3 ms: 1 ms ahead
   EXPECT_NEAR(pacer.debt_seconds(), -0.001, 1e-12);
-  pacer.after_kernel(0.0005, 0.0005);  // owes 0.5 ms more: still ahead, no sleep
+  pacer.after_kernel(kKey, 0.0005, 0.0005);  // owes 0.5 ms more: still ahead, no sleep
   EXPECT_EQ(time.sleeps.size(), 1u);
   EXPECT_NEAR(pacer.debt_seconds(), -0.0005, 1e-12);
 }
@@ -60,17 +66,63 @@ TEST(Pacer, OversleepIsPaidBackByLaterKernels) {
 TEST(Pacer, TimeSlicesGivenToOtherRanksCountTowardTheChipsTime) {
   FakeTime time;
   Pacer pacer = time.make(0.5, 0.0);
-  pacer.after_kernel(0.010, 0.015);
+  pacer.after_kernel(kKey, 0.010, 0.015);
   ASSERT_EQ(time.sleeps.size(), 1u);
   EXPECT_NEAR(time.sleeps[0], 0.005, 1e-12);
   // Slowed beyond the chip's 20 ms (30 ms of wall time): nothing owed, and no credit taken to the next kernel,
   // which sleeps its own 10 ms.
-  pacer.after_kernel(0.010, 0.030);
+  pacer.after_kernel(kKey, 0.010, 0.030);
   EXPECT_EQ(time.sleeps.size(), 1u);
   EXPECT_DOUBLE_EQ(pacer.debt_seconds(), 0.0);
-  pacer.after_kernel(0.010, 0.010);
+  pacer.after_kernel(kKey, 0.010, 0.010);
   ASSERT_EQ(time.sleeps.size(), 2u);
   EXPECT_NEAR(time.sleeps[1], 0.010, 1e-12);
+}
+
+// Another rank in the caches: the same kernel (same shape key) did 15 ms of work where it once did 10. The chip
+// would not see that rank, so it counts 10 ms of work: 20 ms at half speed, 5 ms to sleep. A kernel of another
+// key is paced by its own work.
+TEST(Pacer, AKernelsWorkIsTheLeastItsShapesHaveDone) {
+  FakeTime time;
+  Pacer pacer = time.make(0.5, 0.0);
+  pacer.after_kernel(1, 0.010, 0.010);
+  pacer.after_kernel(1, 0.015, 0.015);
+  pacer.after_kernel(2, 0.015, 0.015);
+  ASSERT_EQ(time.sleeps.size(), 3u);
+  EXPECT_NEAR(time.sleeps[0], 0.010, 1e-12);
+  EXPECT_NEAR(time.sleeps[1], 0.005, 1e-12);
+  EXPECT_NEAR(time.sleeps[2], 0.015, 1e-12);
+}
+
+// A device that records the shape key of every kernel launched on it.
+class KeyRecorder final : public Device {
+ public:
+  KeyRecorder() : Device(DeviceProps{.name = "keys:0", .backend = "cpu", .mem_capacity_bytes = size_t{1} << 20}) {}
+  const Kernels& kernels() const override { return cpu_kernels(); }
+  void launch(const char*, uint64_t shape_key, const std::function<void()>& kernel) override {
+    keys.push_back(shape_key);
+    kernel();
+  }
+  std::vector<uint64_t> keys;
+};
+
+// What the pacing's least work is kept by: the same op on the same shapes has one key; another shape, another op or
+// another dtype has its own.
+TEST(ShapeKey, NamesTheOpItsShapesAndItsDtype) {
+  KeyRecorder dev;
+  {
+    const Tensor a = dev.zeros(DType::kF32, {4, 8}), b = dev.zeros(DType::kF32, {4, 8});
+    const Tensor c = dev.zeros(DType::kF32, {8, 4}), h = dev.zeros(DType::kBF16, {4, 8});
+    ops::scale(a, 2.0f);
+    ops::scale(b, 3.0f);             // same op, same shape: same key
+    ops::scale(c, 2.0f);             // same elements, another shape
+    ops::residual_forward(a, b, a);  // another op on the first shapes
+    ops::convert(h, a);              // another op, a bf16 argument
+    ops::convert(a, h);              // the dtypes the other way round
+  }
+  ASSERT_EQ(dev.keys.size(), 6u);
+  EXPECT_EQ(dev.keys[0], dev.keys[1]);
+  EXPECT_EQ(std::set<uint64_t>({dev.keys[0], dev.keys[2], dev.keys[3], dev.keys[4], dev.keys[5]}).size(), 5u);
 }
 
 TEST(Pacer, CopiesFollowTheBandwidth) {

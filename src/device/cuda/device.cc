@@ -33,7 +33,7 @@ class CudaDevice final : public Device {
 
   const Kernels& kernels() const override { return cuda_kernels(); }
 
-  void launch(const char* op_name, const std::function<void()>& kernel) override {
+  void launch(const char* op_name, uint64_t /*shape_key*/, const std::function<void()>& kernel) override {
     select();
     CudaQueueScope scope(CudaQueue{.stream = stream_, .blas = blas_});
     try {

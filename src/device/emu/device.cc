@@ -46,12 +46,12 @@ class EmuDevice final : public Device {
 
   // A kernel that runs on this thread alone is timed by the thread's CPU time, so time slices given to other
   // ranks sharing its core do not count as the emulated chip's work; a multi-threaded kernel by the wall clock.
-  void launch(const char* /*op_name*/, const std::function<void()>& kernel) override {
+  void launch(const char* /*op_name*/, uint64_t shape_key, const std::function<void()>& kernel) override {
     const bool one_thread = omp_get_max_threads() == 1;
     const double w0 = monotonic_seconds(), c0 = one_thread ? thread_cpu_seconds() : w0;
     kernel();
     const double wall = monotonic_seconds() - w0;
-    pacer_.after_kernel(one_thread ? thread_cpu_seconds() - c0 : wall, wall);
+    pacer_.after_kernel(shape_key, one_thread ? thread_cpu_seconds() - c0 : wall, wall);
   }
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
     timed_copy(bytes, [&] { Device::copy_h2d(dst, src, bytes); });
@@ -88,8 +88,10 @@ Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep)
 
 // The kernel's wall time beyond its work (time slices given to other threads) pays for its idle time first; a
 // kernel slowed beyond its chip's time may cancel debt still unpaid but does not put the chip ahead.
-void Pacer::after_kernel(double work_seconds, double wall_seconds) {
-  const double owed = work_seconds / speed_ - wall_seconds;
+void Pacer::after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds) {
+  auto [least, first] = least_work_.try_emplace(shape_key, work_seconds);
+  if (!first) least->second = std::min(least->second, work_seconds);
+  const double owed = least->second / speed_ - wall_seconds;
   debt_seconds_ = std::max(debt_seconds_ + owed, std::min(debt_seconds_, 0.0));
   pay(kMinSleepSeconds);
 }

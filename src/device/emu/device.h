@@ -5,10 +5,12 @@
 //
 // How pacing works. A profile gives the chip's speed relative to this host's cpu backend (0 < speed <= 1) and
 // optionally its copy bandwidth. After each kernel the device measures the kernel's work t (the calling thread's
-// CPU time when kernels run single-threaded, OMP_NUM_THREADS=1, else wall time) and the wall time w it took: the
-// chip would have taken t / speed, so it owes t / speed - w seconds of idle time — time slices the host gave to
-// other ranks meanwhile (w > t) count toward it, so a kernel's time does not depend on how loaded the host is
-// while w <= t / speed (a kernel slowed beyond that owes nothing, and takes no credit from later kernels). After
+// CPU time when kernels run single-threaded, OMP_NUM_THREADS=1, else wall time; but at most the least work this
+// device has seen a kernel with the same shape key do — ranks sharing the host's caches and memory bandwidth make
+// the CPU time itself longer, which a chip of its own would not see) and the wall time w it took: the chip would
+// have taken t / speed, so it owes t / speed - w seconds of idle time — time slices the host gave to other ranks
+// meanwhile (w > t) count toward it, so a kernel's time does not depend on how loaded the host is while
+// w <= t / speed (a kernel slowed beyond that owes nothing, and takes no credit from later kernels). After
 // each copy of n bytes that took t, it owes max(0, n / bandwidth - t). The debt is paid by sleeping (never by
 // spinning, so idle emulated chips leave the cores to the others) once it exceeds kMinSleepSeconds, and what the
 // sleep really took is subtracted, so oversleeping is paid back by later kernels. synchronize() pays the whole
@@ -18,10 +20,10 @@
 //  - Speeds above 1.0 cannot be emulated (the host cannot run faster than itself); profiles are normalised so
 //    the fastest chip is 1.0, and loading a profile with speed > 1 is an error.
 //  - Every kernel is slowed by the same factor. A real chip's ratio differs per op (compute- vs memory-bound).
-//  - The measured work t includes contention: a multi-threaded kernel's work is its wall time, which grows with
-//    the load, and the pacing scales the inflated time. Keep (busy ranks x threads per rank) <= cores for
-//    faithful ratios; sleeping ranks do not count as busy. Single-threaded kernels are timed by CPU time and
-//    escape time-slicing (up to a slowdown of 1 / speed), but not memory-bandwidth and cache contention.
+//  - Contention is absorbed only up to a slowdown of 1 / speed, and only once a kernel of the same shapes has run
+//    alone: the first calls, and a kernel that never runs without contention, are paced as measured. A
+//    multi-threaded kernel's work is its wall time, which grows with the load. Keep (busy ranks x threads per
+//    rank) <= cores for faithful ratios; sleeping ranks do not count as busy.
 //  - Sleeps are paid in slices of at least kMinSleepSeconds: single ops shorter than that are timed only on
 //    aggregate, over many ops.
 #pragma once
@@ -29,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/config.h"
@@ -57,8 +60,9 @@ class Pacer {
   using Sleep = std::function<void(double)>;  // sleep about this many seconds
   Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep);
 
-  // A kernel did `work_seconds` of work on the host (its CPU time) in `wall_seconds`.
-  void after_kernel(double work_seconds, double wall_seconds);
+  // A kernel of `shape_key` did `work_seconds` of work on the host (its CPU time) in `wall_seconds`; its work counts
+  // as at most the least a kernel of that key has done.
+  void after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds);
   // A copy of `bytes` took `host_seconds` on the host.
   void after_copy(size_t bytes, double host_seconds);
   // Pays the whole debt now.
@@ -73,6 +77,7 @@ class Pacer {
   Clock clock_;
   Sleep sleep_;
   double debt_seconds_ = 0.0;
+  std::unordered_map<uint64_t, double> least_work_;  // per shape key
 };
 
 std::unique_ptr<Device> make_emu_device(int index, const EmuProfile& profile);
