@@ -1,6 +1,7 @@
 // StagingPool: free host staging buffers by size class, reused until the reserve is full.
 #include "device/staging_pool.h"
 
+#include <algorithm>
 #include <bit>
 #include <map>
 #include <mutex>
