@@ -59,6 +59,7 @@ double head_forward_flops(const TransformerShape& s, int64_t T);  // logits: 2 T
 // of tp tensor-parallel ranks: what the cost model turns into time on a chip (a roofline per kernel) ---
 enum class OpClass {
   kMatmul,            // a GEMM (and its bias): compute-bound when large
+  kMatmulBackward,    // a GEMM's backward (two GEMMs): its own rate when a profile measured one
   kAttention,         // the attention core's backward: its own achievable rate
   kAttentionForward,  // its forward (Q K^T, softmax, P V; what selective recomputation repeats): its own rate
   kMemory,            // element-wise and row-wise ops: bound by memory bandwidth

@@ -120,18 +120,16 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   // the medians are the measurements.
   constexpr int kRounds = 5;
   std::vector<double> overhead, attention_s, attention_forward_s, layer, head_s, optim;
-  std::vector<std::vector<double>> gemm_s(gemms.size());
+  std::vector<std::vector<double>> gemm_s(gemms.size()), gemm_forward_s(gemms.size());
   const double start = monotonic_seconds();
   for (int round = 0; round <= kRounds || monotonic_seconds() - start < min_seconds; ++round) {
     const double o = timed([&] {
       for (int i = 0; i < kTiny; ++i) ops::scale(tiny, 1.0f);
     });
-    std::vector<double> g;
+    std::vector<double> g, gf;  // per GEMM: forward and backward, the forward alone
     for (const Gemm& m : gemms) {
-      g.push_back(timed([&] {
-        ops::matmul_forward(m.out, m.in, m.w, Tensor());
-        ops::matmul_backward(m.din, m.dw, Tensor(), m.out, m.in, m.w);
-      }));
+      gf.push_back(timed([&] { ops::matmul_forward(m.out, m.in, m.w, Tensor()); }));
+      g.push_back(gf.back() + timed([&] { ops::matmul_backward(m.din, m.dw, Tensor(), m.out, m.in, m.w); }));
     }
     const double af = timed([&] {
       for (const Attention& m : attentions) ops::attention_forward(m.out, m.att, m.qkv, m.heads);
@@ -154,7 +152,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     });
     if (round == 0) continue;
     overhead.push_back(o / kTiny);
-    for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]);
+    for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]), gemm_forward_s[i].push_back(gf[i]);
     attention_s.push_back(a);
     attention_forward_s.push_back(af);
     layer.push_back(l);
@@ -168,10 +166,13 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     const double rate = gemms[i].flops / std::max(1e-9, median(gemm_s[i]) - 2.0 * m.kernel_overhead_s);
     m.gemm_rates.emplace_back(gemms[i].flops / 3, rate);
   }
-  // The rate of all of them together (the curve's points are relative to it).
-  double all_flops = 0, all_seconds = 0;
+  // The rate of all of them together (the curve's points are relative to it), and their forwards' beside it.
+  double all_flops = 0, all_seconds = 0, forward_seconds = 0;
   for (const auto& [size, rate] : m.gemm_rates) all_flops += size, all_seconds += size / rate;
+  for (size_t i = 0; i < gemms.size(); ++i)
+    forward_seconds += std::max(1e-9, median(gemm_forward_s[i]) - m.kernel_overhead_s);
   m.matmul_flops = all_flops / all_seconds;
+  m.matmul_forward_speedup = std::clamp(all_flops / forward_seconds / m.matmul_flops, 0.34, 3.0);
   double attention_flops = 0;
   for (const Attention& a : attentions) attention_flops += a.flops;
   const double fixed = static_cast<double>(attentions.size()) * m.kernel_overhead_s;
@@ -195,8 +196,15 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
 }
 
 std::vector<double> measurement_figures(const ChipMeasurement& m) {
-  std::vector<double> f = {m.kernel_overhead_s, m.matmul_flops, m.attention_flops, m.memory_gbps,
-                           m.layer_s,           m.head_s,       m.recompute_s,     m.attention_forward_flops};
+  std::vector<double> f = {m.kernel_overhead_s,
+                           m.matmul_flops,
+                           m.attention_flops,
+                           m.memory_gbps,
+                           m.layer_s,
+                           m.head_s,
+                           m.recompute_s,
+                           m.attention_forward_flops,
+                           m.matmul_forward_speedup};
   for (const auto& [size, rate] : m.gemm_rates) f.insert(f.end(), {size, rate});
   return f;
 }
@@ -209,7 +217,8 @@ ChipMeasurement measurement_of(const std::vector<double>& f) {
                     .memory_gbps = f[3],
                     .layer_s = f[4],
                     .head_s = f[5],
-                    .recompute_s = f[6]};
+                    .recompute_s = f[6],
+                    .matmul_forward_speedup = f[8]};
   for (size_t i = std::size(kMeasurementFigures); i + 1 < f.size(); i += 2) m.gemm_rates.emplace_back(f[i], f[i + 1]);
   return m;
 }
@@ -275,6 +284,7 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     for (const auto& [size, fraction] : t.matmul_curve) best = std::max(best, fraction);
     t.peak_tflops = t.peak_tflops_f32 = m.matmul_flops * best / 1e12;
     for (auto& [size, fraction] : t.matmul_curve) fraction /= best;
+    t.matmul_forward_speedup = m.matmul_forward_speedup;
     t.attention_efficiency = std::min(1.0, m.attention_flops / (t.peak_tflops * 1e12));
     t.attention_forward_efficiency = std::min(1.0, m.attention_forward_flops / (t.peak_tflops * 1e12));
     t.memory_bandwidth_gbps = m.memory_gbps;
@@ -449,17 +459,18 @@ void profile_cluster(const ProfileJob& job) {
   // makes of them.
   const CostModel costs(profiled, shape,
                         TrainSetup{.global_batch = micro_batch, .precision = job.precision, .h2_runtime = true});
-  std::printf("%-10s %6s %9s %10s %10s %9s %21s %21s %23s\n", "chip", "speed", "kernel us", "GEMM GF/s", "attn GF/s",
-              "mem GB/s", "block ms (predicted)", "head ms (predicted)", "recompute ms (predicted)");
+  std::printf("%-10s %6s %9s %10s %7s %10s %9s %21s %21s %23s\n", "chip", "speed", "kernel us", "GEMM GF/s", "fwd x",
+              "attn GF/s", "mem GB/s", "block ms (predicted)", "head ms (predicted)", "recompute ms (predicted)");
   for (const ChipMeasurement& m : chips) {
     const int k = profiled.chip_index(m.chip);
     const double none = costs.layer_backward_s(k, 1, micro_batch, Recompute::kNone);
     const double block = costs.layer_forward_s(k, 1, micro_batch) + none;
     const double head = costs.head_forward_s(k, 1, micro_batch) + costs.head_backward_s(k, 1, micro_batch);
     const double recompute = costs.layer_backward_s(k, 1, micro_batch, Recompute::kSelective) - none;
-    std::printf("%-10s %6.2f %9.1f %10.2f %10.2f %9.2f %9.2f (%9.2f) %9.2f (%9.2f) %11.2f (%9.2f)\n", m.chip.c_str(),
-                m.speed, m.kernel_overhead_s * 1e6, m.matmul_flops / 1e9, m.attention_flops / 1e9, m.memory_gbps,
-                m.layer_s * 1e3, block * 1e3, m.head_s * 1e3, head * 1e3, m.recompute_s * 1e3, recompute * 1e3);
+    std::printf("%-10s %6.2f %9.1f %10.2f %7.2f %10.2f %9.2f %9.2f (%9.2f) %9.2f (%9.2f) %11.2f (%9.2f)\n",
+                m.chip.c_str(), m.speed, m.kernel_overhead_s * 1e6, m.matmul_flops / 1e9, m.matmul_forward_speedup,
+                m.attention_flops / 1e9, m.memory_gbps, m.layer_s * 1e3, block * 1e3, m.head_s * 1e3, head * 1e3,
+                m.recompute_s * 1e3, recompute * 1e3);
   }
   std::printf("link (DiComm over UCX, %d processes, pairs all-reducing at once): %.2f GB/s, %.1f us\n", options.ranks,
               link.bandwidth_gbps, link.latency_us);

@@ -38,12 +38,20 @@ struct ChipMeasurement {
   double head_s = 0;       // the head, forward + loss + backward
   // What selective recomputation adds to a block's backward: the attention core's forward as the model times it.
   double recompute_s = 0;
+  // The GEMMs' forwards' rate over forward and backward's together (planner/spec.h's matmul_forward_speedup).
+  double matmul_forward_speedup = 1;
 };
 
 // The figures in a fixed order (for sending them between ranks): these, then each GEMM shape's size and rate.
-inline constexpr const char* kMeasurementFigures[] = {
-    "kernel_overhead_s", "matmul_flops", "attention_flops", "memory_gbps",
-    "layer_s",           "head_s",       "recompute_s",     "attention_forward_flops"};
+inline constexpr const char* kMeasurementFigures[] = {"kernel_overhead_s",
+                                                      "matmul_flops",
+                                                      "attention_flops",
+                                                      "memory_gbps",
+                                                      "layer_s",
+                                                      "head_s",
+                                                      "recompute_s",
+                                                      "attention_forward_flops",
+                                                      "matmul_forward_speedup"};
 std::vector<double> measurement_figures(const ChipMeasurement& m);
 ChipMeasurement measurement_of(const std::vector<double>& figures);
 // The matmul_curve of a chip type (planner/spec.h) from measured (GEMM FLOPs, rate) pairs against its peak: sizes
@@ -56,8 +64,8 @@ struct LinkMeasurement {
   double latency_us = 0;
 };
 
-// Medians over rounds of the measurements, repeated for at least `min_seconds` and at least 5 rounds. The GEMMs, a block and the head run in
-// `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h).
+// Medians over rounds of the measurements, repeated for at least `min_seconds` and at least 5 rounds. The GEMMs, a
+// block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h).
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch, Precision precision, double min_seconds = 0);
 // A collective over `world`; every rank gets the result.

@@ -43,10 +43,12 @@ const CostModel::PieceTimes& CostModel::piece_times(int chip, int tp, int b) con
 double CostModel::op_s(int chip, const OpWork& op) const {
   const ChipType& c = cluster_.chips[static_cast<size_t>(chip)];
   const bool bf16 = train_.precision == Precision::kBf16;
-  const double rate = op.kind == OpClass::kMatmul             ? c.matmul_flops(bf16, op.flops / op.gemms)
-                      : op.kind == OpClass::kAttention        ? c.attention_flops(bf16)
-                      : op.kind == OpClass::kAttentionForward ? c.attention_forward_flops(bf16)
-                                                              : 0;
+  const double rate =
+      op.kind == OpClass::kMatmul             ? c.matmul_flops(bf16, op.flops / op.gemms) * c.matmul_forward_factor()
+      : op.kind == OpClass::kMatmulBackward   ? c.matmul_flops(bf16, op.flops / op.gemms) * c.matmul_backward_factor()
+      : op.kind == OpClass::kAttention        ? c.attention_flops(bf16)
+      : op.kind == OpClass::kAttentionForward ? c.attention_forward_flops(bf16)
+                                              : 0;
   const double compute = rate > 0 ? op.flops / rate : 0;
   return std::max(compute, op.bytes / c.bytes_per_second()) + c.kernel_overhead_us * 1e-6;
 }

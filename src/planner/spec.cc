@@ -152,6 +152,9 @@ std::string cluster_to_yaml(const Cluster& c) {
         y << YAML::Flow << YAML::BeginSeq << size << fraction << YAML::EndSeq;
       y << YAML::EndSeq;
     }
+    if (t.matmul_forward_speedup != 1) {
+      y << YAML::Key << "matmul_forward_speedup" << YAML::Value << t.matmul_forward_speedup;
+    }
     if (t.attention_efficiency > 0) y << YAML::Key << "attention_efficiency" << YAML::Value << t.attention_efficiency;
     if (t.attention_forward_efficiency > 0) {
       y << YAML::Key << "attention_forward_efficiency" << YAML::Value << t.attention_forward_efficiency;
@@ -203,6 +206,14 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
   fraction("efficiency", t.efficiency);
   fraction("attention_efficiency", t.attention_efficiency);
   fraction("attention_forward_efficiency", t.attention_forward_efficiency);
+  if (n.has("matmul_forward_speedup")) {
+    t.matmul_forward_speedup = n.get<double>("matmul_forward_speedup");
+    if (!(t.matmul_forward_speedup > 1.0 / 3 && t.matmul_forward_speedup <= 3)) {
+      n.at("matmul_forward_speedup")
+          .fail(cat("must be in (1/3, 3], got ", t.matmul_forward_speedup,
+                    " (a GEMM forward's rate over the forward and backward's together; 1 = alike)"));
+    }
+  }
   if (auto curve = n.find("matmul_curve")) {
     t.matmul_curve.clear();
     for (const ConfigNode& point : curve->items()) {
@@ -252,8 +263,8 @@ Cluster load_cluster(const ConfigNode& root) {
   std::vector<const CatalogChip*> from_catalog;  // per chip type: its catalog entry, or null
   for (const ConfigNode& n : root.at("chips").items()) {
     n.allow_only({"catalog", "name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
-                  "attention_efficiency", "attention_forward_efficiency", "memory_gib", "memory_bandwidth_gbps",
-                  "memory_efficiency", "kernel_overhead_us", "host_link_gbps", "backend"});
+                  "matmul_forward_speedup", "attention_efficiency", "attention_forward_efficiency", "memory_gib",
+                  "memory_bandwidth_gbps", "memory_efficiency", "kernel_overhead_us", "host_link_gbps", "backend"});
     const CatalogChip* entry = nullptr;
     if (auto name = n.find("catalog")) {
       if (!catalog) name->fail("names a catalog chip, but the file names no catalog; add catalog: chips.yaml");

@@ -27,6 +27,10 @@ struct ChipType {
   // Or the achievable fraction by a GEMM's size: (GFLOP of one GEMM, fraction) points, ascending, interpolated in
   // log size and held beyond the ends (`h2 profile` measures them). Empty: `efficiency` at every size.
   std::vector<std::pair<double, double>> matmul_curve;
+  // A GEMM's forward runs this many times the rate above, its backward (two GEMMs) so much slower that forward and
+  // backward together take what the rate says (a CPU's bf16 forward kernel gains more over f32 than its backward;
+  // `h2 profile` measures it). 1 = alike; in (1/3, 3].
+  double matmul_forward_speedup = 1;
   double attention_efficiency = 0;  // the attention core's achievable fraction of peak; 0 = efficiency / 2
   // Its forward alone, when it differs (a CPU's softmax exponentials make the forward slower per FLOP than the
   // backward); 0 = attention_efficiency.
@@ -44,8 +48,12 @@ struct ChipType {
   double peak_flops(bool bf16) const {
     return (bf16 ? peak_tflops : peak_tflops_f32 > 0 ? peak_tflops_f32 : peak_tflops / 2) * 1e12;
   }
-  // The achievable GEMM rate for one GEMM of `gemm_flops` (0: a large one, the plateau).
+  // The achievable GEMM rate for one GEMM of `gemm_flops` (0: a large one, the plateau), forward and backward
+  // together.
   double matmul_flops(bool bf16, double gemm_flops = 0) const;
+  // The factors on it for a forward and a backward GEMM: the backward's keeps 1/3 forward + 2/3 backward at 1.
+  double matmul_forward_factor() const { return matmul_forward_speedup; }
+  double matmul_backward_factor() const { return 2.0 / (3.0 - 1.0 / matmul_forward_speedup); }
   double attention_flops(bool bf16) const {
     return peak_flops(bf16) * (attention_efficiency > 0 ? attention_efficiency : efficiency / 2);
   }

@@ -119,6 +119,43 @@ TEST(Spec, ClusterYamlRoundTripsAwkwardNames) {
   EXPECT_EQ(cluster_to_yaml(back), cluster_to_yaml(c));
 }
 
+// A forward GEMM runs matmul_forward_speedup s times the curve's rate, a backward 2 / (3 - 1/s) times it: with
+// s = 1.5 a forward of 1 TFLOP at 50 TFLOP/s (X: 100 x 0.5) takes 1/75 s and its backward (2 TFLOP) 2/50 x 7/6 s
+// — together 3/50 s, what one rate for both gives — plus 5 us each.
+TEST(CostModel, SplitsAGemmsRateBetweenForwardAndBackward) {
+  Cluster c = cluster_of(kSmallCluster);
+  c.chips[0].matmul_forward_speedup = 1.5;
+  const CostModel costs(c, small_model(4), TrainSetup{.global_batch = 8});
+  const OpWork forward{"f", OpClass::kMatmul, 1e12, 0, 1}, backward{"b", OpClass::kMatmulBackward, 2e12, 0, 2};
+  EXPECT_NEAR(costs.op_s(0, forward), 1.0 / 75 + 5e-6, 1e-12);
+  EXPECT_NEAR(costs.op_s(0, backward), 2.0 / 50 * 7 / 6 + 5e-6, 1e-12);
+  EXPECT_NEAR(costs.op_s(0, forward) + costs.op_s(0, backward), 3.0 / 50 + 10e-6, 1e-12);
+  // The model's backward GEMMs are of that class (so they take the backward's rate), its forward ones are not.
+  for (bool backward_ops : {false, true}) {
+    for (const std::vector<OpWork>& ops : {block_ops(small_model(4), 1, 1024, 1, 2, 2, backward_ops),
+                                           head_ops(small_model(4), 1, 1024, 1, 2, 2, backward_ops)}) {
+      for (const OpWork& op : ops) {
+        if (op.kind == OpClass::kMatmul || op.kind == OpClass::kMatmulBackward) {
+          EXPECT_EQ(op.kind == OpClass::kMatmulBackward, backward_ops) << op.name;
+          EXPECT_EQ(op.gemms, backward_ops ? 2 : 1) << op.name;
+        }
+      }
+    }
+  }
+  // Written and read back; out of range is refused, naming the field.
+  const Cluster back = load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "written.yaml"));
+  EXPECT_DOUBLE_EQ(back.chips[0].matmul_forward_speedup, 1.5);
+  EXPECT_DOUBLE_EQ(back.chips[1].matmul_forward_speedup, 1.0);
+  EXPECT_THAT(error_of(
+                  [] {
+                    cluster_of(
+                        "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1, "
+                        "matmul_forward_speedup: 0.3}\ngroups: []\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("field 'chips[0].matmul_forward_speedup': must be in (1/3, 3], got 0.3"));
+}
+
 TEST(CostModel, MatchesClosedForms) {
   const Cluster c = cluster_of(kSmallCluster);
   TrainSetup t{.global_batch = 8, .zero1 = false};
