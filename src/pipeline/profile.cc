@@ -329,8 +329,6 @@ int threads_per_rank(const Cluster& cluster) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, devices));
 }
 
-}  // namespace
-
 // Waits, asleep, for rank `from`'s word that it is done (a measurement may take longer than a collective's
 // timeout); gives up after kMeasureTimeout.
 void wait_for_turn(Communicator& world, int from) {
@@ -346,6 +344,8 @@ void wait_for_turn(Communicator& world, int from) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
+
+}  // namespace
 
 // One chip type at a time, on its first rank, while every other rank sleeps: the training ranks' emulated chips
 // count a kernel's work as the least its shapes have done (device/emu/device.h), which is what it does without
