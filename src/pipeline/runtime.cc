@@ -12,9 +12,6 @@
 namespace h2 {
 namespace {
 
-uint32_t activation_tag(int m) { return static_cast<uint32_t>(2 * m); }
-uint32_t gradient_tag(int m) { return static_cast<uint32_t>(2 * m + 1); }
-
 void check_rows(const StageShape& shape, int stage, int rows) {
   const std::string where = cat("pipeline stage ", stage, ": ");
   if (shape.rows.empty()) {
@@ -150,12 +147,13 @@ TiedExchange tied_exchange(const StageLayout& layout, int64_t vocab, int rank, b
 }
 
 StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout,
-                         StageComms& comms, int rows, int T, OptimOptions options, ActivationPolicy policy)
+                         StageComms& comms, int rows, int T, OptimOptions options, ActivationPolicy policy, int chunk)
     : config_(config),
       device_(device),
       range_(range),
       layout_(layout),
       place_(layout.place(comms.all.rank())),
+      virtual_stage_(chunk * layout.num_stages() + place_.stage),
       comms_(comms),
       all_(comms.all),
       dp_(comms.dp),
@@ -163,12 +161,16 @@ StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range
       rows_(rows),
       T_(T),
       options_(options),
-      first_(place_.stage == 0),
-      last_(place_.stage == layout.num_stages() - 1) {
-  const int stage = place_.stage;
+      first_(virtual_stage_ == 0),
+      last_(virtual_stage_ == layout.num_virtual_stages() - 1) {
+  const int stage = place_.stage, P = layout.num_stages();
+  if (layout.chunks < 1 || chunk < 0 || chunk >= layout.chunks || (layout.chunks > 1 && P < 2)) {
+    throw Error(ErrorCode::kInvalidArgument, cat("pipeline: chunk ", chunk, " of ", layout.chunks, " on ", P,
+                                                 " stages; interleaving needs at least two stages"));
+  }
   if (range.embedding != first_ || range.head != last_) {
     throw Error(ErrorCode::kInvalidArgument,
-                cat("pipeline stage ", stage, " of ", layout.num_stages(),
+                cat("pipeline stage ", virtual_stage_, " of ", layout.num_virtual_stages(),
                     ": only the first stage holds the embedding and only the last the head"));
   }
   for (int s = 0; s < layout.num_stages(); ++s) check_rows(layout.stages[static_cast<size_t>(s)], s, rows);
@@ -183,21 +185,24 @@ StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range
     }
     return out;
   };
+  // Neighbouring virtual stages are on neighbouring stages (the last stage's chunk feeds the first's next one).
+  const int prev = (stage + P - 1) % P, next = (stage + 1) % P;
   if (!first_) {
-    from_prev_ = mine(stage - 1, stage, false);
-    to_prev_ = mine(stage, stage - 1, true);
+    from_prev_ = mine(prev, stage, false);
+    to_prev_ = mine(stage, prev, true);
   }
   if (!last_) {
-    to_next_ = mine(stage, stage + 1, true);
-    from_next_ = mine(stage + 1, stage, false);
+    to_next_ = mine(stage, next, true);
+    from_next_ = mine(next, stage, false);
   }
-  tied_ = tied_exchange(layout, config.vocab_size, me, !options_.zero1);
+  if (first_ || last_) tied_ = tied_exchange(layout, config.vocab_size, me, !options_.zero1);
   try {
     allocate(policy);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfMemory) throw;
-    throw Error(ErrorCode::kOutOfMemory, cat("pipeline stage ", stage, " (rank ", me, ", replica ", place_.replica,
-                                             ", TP rank ", place_.t, "): ", e.what()));
+    throw Error(ErrorCode::kOutOfMemory,
+                cat("pipeline stage ", stage, layout.chunks > 1 ? cat(" (virtual stage ", virtual_stage_, ")") : "",
+                    " (rank ", me, ", replica ", place_.replica, ", TP rank ", place_.t, "): ", e.what()));
   }
 }
 
@@ -247,7 +252,7 @@ int StageRunner::slot_of(int m) {
     }
   }
   throw Error(ErrorCode::kInvalidArgument,
-              cat("pipeline stage ", place_.stage, ": the schedule keeps more than ", slot_holds_.size(),
+              cat("pipeline stage ", virtual_stage_, ": the schedule keeps more than ", slot_holds_.size(),
                   " micro-batches in flight, the activation slots this stage was built with"));
 }
 
@@ -317,56 +322,127 @@ void StageRunner::receive(const std::vector<Transfer>& pieces, const Tensor& t, 
   }
 }
 
-float StageRunner::step(const Schedule& schedule, const Batch& batch, const AdamwParams& hp) {
-  const int stage = place_.stage;
-  if (schedule.ranks != layout_.num_stages() || schedule.stages != layout_.num_stages()) {
-    throw Error(ErrorCode::kInvalidArgument, cat("pipeline: the schedule has ", schedule.stages, " stages on ",
-                                                 schedule.ranks, " ranks; this pipeline has ", layout_.num_stages()));
+uint32_t StageRunner::tag(int boundary, int m, bool gradient) const {
+  return static_cast<uint32_t>(2 * (int64_t{boundary} * micro_batches_ + m) + (gradient ? 1 : 0));
+}
+
+void StageRunner::begin_step(int micro_batches) {
+  const int64_t tags = 2 * int64_t{layout_.num_virtual_stages()} * micro_batches;
+  if (tags >= Communicator::kMaxUserTag - 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("pipeline: ", layout_.num_virtual_stages(), " virtual stages x ", micro_batches,
+                    " micro-batches need more message tags than the ", Communicator::kMaxUserTag - 1,
+                    " a communicator has; use fewer micro-batches (a larger micro-batch)"));
   }
-  micro_batches_ = schedule.micro_batches;
+  micro_batches_ = micro_batches;
   gout_of_.assign(static_cast<size_t>(micro_batches_), -1);
-  model_->zero_grads();
   loss_sum_ = 0;
   std::fill(slot_holds_.begin(), slot_holds_.end(), -1);
-  for (const Action& a : schedule.actions[static_cast<size_t>(stage)]) {
-    const int m = a.micro_batch;
-    const double t0 = on_action ? monotonic_seconds() : 0;
-    switch (a.type) {
-      case ActionType::kRecvF:
-        receive(from_prev_, stash_[static_cast<size_t>(slot_of(m))], activation_tag(m));
-        break;
-      case ActionType::kForward:
-        forward(m, batch);
-        if (last_) loss_sum_ += model_->loss(targets_, loss_scale());
-        break;
-      case ActionType::kSendF:  // straight from the model's output, which its slot keeps until its backward
-        model_->use_slot(slot_of(m));
-        send(to_next_, model_->output(), activation_tag(m), slot_of(m));
-        break;
-      case ActionType::kRecvB:
-        receive(from_next_, dout_, gradient_tag(m));
-        break;
-      case ActionType::kBackward:
-        backward(m);
-        break;
-      case ActionType::kSendB:
-        send(to_prev_, gout_[static_cast<size_t>(gout_of_[static_cast<size_t>(m)])], gradient_tag(m),
-             kSlotOwners + gout_of_[static_cast<size_t>(m)]);
-        break;
-      case ActionType::kReduceGrad:
-        reduce_gradients();
-        break;
-      case ActionType::kOptim:
-        optimize(hp);
-        break;
+}
+
+void StageRunner::run(const Action& a, const Batch& batch) {
+  const int m = a.micro_batch, vs = virtual_stage_;
+  switch (a.type) {
+    case ActionType::kRecvF:
+      receive(from_prev_, stash_[static_cast<size_t>(slot_of(m))], tag(vs, m, false));
+      break;
+    case ActionType::kForward:
+      forward(m, batch);
+      if (last_) loss_sum_ += model_->loss(targets_, loss_scale());
+      break;
+    case ActionType::kSendF:  // straight from the model's output, which its slot keeps until its backward
+      model_->use_slot(slot_of(m));
+      send(to_next_, model_->output(), tag(vs + 1, m, false), slot_of(m));
+      break;
+    case ActionType::kRecvB:
+      receive(from_next_, dout_, tag(vs + 1, m, true));
+      break;
+    case ActionType::kBackward:
+      backward(m);
+      break;
+    case ActionType::kSendB:
+      send(to_prev_, gout_[static_cast<size_t>(gout_of_[static_cast<size_t>(m)])], tag(vs, m, true),
+           kSlotOwners + gout_of_[static_cast<size_t>(m)]);
+      break;
+    case ActionType::kReduceGrad:
+    case ActionType::kOptim:
+      H2_CHECK(false) << a.str() << " is the rank's, not a chunk's";
+  }
+}
+
+float StageRunner::step(const Schedule& schedule, const Batch& batch, const AdamwParams& hp) {
+  StageRunner* self = this;
+  return step(std::span<StageRunner* const>(&self, 1), schedule, batch, hp);
+}
+
+namespace {
+
+// The rank's chunk that runs virtual stage `stage`, or an error naming the action.
+StageRunner& chunk_of(std::span<StageRunner* const> chunks, const Action& a) {
+  for (StageRunner* c : chunks) {
+    if (c->virtual_stage() == a.stage) return *c;
+  }
+  throw Error(ErrorCode::kInvalidArgument, cat("pipeline: action ", a.str(), " is for a stage this rank does not run"));
+}
+
+}  // namespace
+
+float StageRunner::step(std::span<StageRunner* const> chunks, const Schedule& schedule, const Batch& batch,
+                        const AdamwParams& hp) {
+  StageRunner& head = *chunks.front();
+  const StageLayout& layout = head.layout_;
+  const int rank_stage = head.place_.stage;
+  if (static_cast<int>(chunks.size()) != layout.chunks || schedule.ranks != layout.num_stages() ||
+      schedule.stages != layout.num_virtual_stages()) {
+    throw Error(ErrorCode::kInvalidArgument, cat("pipeline: the schedule has ", schedule.stages, " stages on ",
+                                                 schedule.ranks, " ranks; this pipeline has ", layout.num_stages(),
+                                                 " stages of ", layout.chunks, " chunks, this rank ", chunks.size()));
+  }
+  int optims = 0, reductions = 0;
+  for (const Action& a : schedule.actions[static_cast<size_t>(rank_stage)]) {
+    optims += a.type == ActionType::kOptim;
+    reductions += a.type == ActionType::kReduceGrad;
+  }
+  for (StageRunner* c : chunks) {
+    c->begin_step(schedule.micro_batches);
+    c->model_->zero_grads();
+  }
+  double norm_sq = 0;  // the rank's chunks' squared norms, summed as their OPTIM actions come
+  for (const Action& a : schedule.actions[static_cast<size_t>(rank_stage)]) {
+    StageRunner& c = chunk_of(chunks, a);
+    const double t0 = c.on_action ? monotonic_seconds() : 0;
+    if (a.type == ActionType::kReduceGrad) {
+      // At the rank's last REDUCE_GRAD, once every chunk's sends have left: a chunk's reductions earlier (an
+      // interleaved rank's first chunks finish their backwards before its last) would wait for ranks that still
+      // wait for this one's later sends. Each chunk sums over its replicas, then the ends exchange the tied
+      // embedding's rows.
+      if (--reductions == 0) {
+        for (StageRunner* u : chunks) u->wait_sends(-1);
+        for (StageRunner* u : chunks) u->reduce_gradients();
+        for (StageRunner* u : chunks) u->reduce_tied_embedding();
+      }
+    } else if (a.type != ActionType::kOptim) {
+      c.run(a, batch);
+    } else {
+      norm_sq += c.local_norm_squared();
+      if (--optims == 0) {  // the rank's last OPTIM: one reduction over the ranks, then every chunk's update
+        float total = static_cast<float>(norm_sq);
+        head.comms_.all.all_reduce(&total, 1, DType::kF32, ReduceOp::kSum);
+        const double norm = std::sqrt(static_cast<double>(total));
+        for (StageRunner* u : chunks) u->update(hp, norm);
+      }
     }
-    if (on_action) {
-      device_.synchronize();
-      on_action(a, t0, monotonic_seconds());
+    if (c.on_action) {
+      c.device_.synchronize();
+      c.on_action(a, t0, monotonic_seconds());
     }
   }
-  wait_sends(-1);
-  return share_loss(loss_sum_, micro_batches_);
+  double loss_sum = 0;
+  for (StageRunner* c : chunks) {
+    c->wait_sends(-1);
+    loss_sum += c->loss_sum_;
+  }
+  return chunks.back()->share_loss(loss_sum, schedule.micro_batches);
 }
 
 // The mean over micro-batches on the last stage, its replicas' means weighted by their rows, then sent to every rank.
@@ -377,31 +453,42 @@ float StageRunner::share_loss(double loss_sum, int micro_batches) {
   return loss;
 }
 
-float StageRunner::evaluate(int micro_batches, const Batch& batch) {
-  double loss_sum = 0;
-  for (int m = 0; m < micro_batches; ++m) {
-    std::fill(slot_holds_.begin(), slot_holds_.end(), -1);
-    if (!first_) receive(from_prev_, stash_[static_cast<size_t>(slot_of(m))], activation_tag(m));
-    forward(m, batch);
-    if (last_) {
-      loss_sum += model_->loss(targets_, 0.0f);  // no gradient wanted
-    } else {
-      for (const Transfer& p : to_next_) all_.send(piece_of(model_->output(), p), p.to, activation_tag(m));
-    }
+void StageRunner::evaluate_forward(int m, const Batch& batch) {
+  std::fill(slot_holds_.begin(), slot_holds_.end(), -1);
+  if (!first_) receive(from_prev_, stash_[static_cast<size_t>(slot_of(m))], tag(virtual_stage_, m, false));
+  forward(m, batch);
+  if (last_) {
+    loss_sum_ += model_->loss(targets_, 0.0f);  // no gradient wanted
+  } else {
+    for (const Transfer& p : to_next_)
+      all_.send(piece_of(model_->output(), p), p.to, tag(virtual_stage_ + 1, m, false));
   }
   std::fill(slot_holds_.begin(), slot_holds_.end(), -1);
-  return share_loss(loss_sum, micro_batches);
 }
 
+float StageRunner::evaluate(int micro_batches, const Batch& batch) {
+  StageRunner* self = this;
+  return evaluate(std::span<StageRunner* const>(&self, 1), micro_batches, batch);
+}
+
+// Micro-batch by micro-batch, each through the rank's chunks in order (a chain no two ranks wait on crosswise).
+float StageRunner::evaluate(std::span<StageRunner* const> chunks, int micro_batches, const Batch& batch) {
+  for (StageRunner* c : chunks) c->begin_step(micro_batches);
+  for (int m = 0; m < micro_batches; ++m) {
+    for (StageRunner* c : chunks) c->evaluate_forward(m, batch);
+  }
+  double loss_sum = 0;
+  for (StageRunner* c : chunks) loss_sum += c->loss_sum_;
+  return chunks.back()->share_loss(loss_sum, micro_batches);
+}
+
+// Called once the rank's pipeline sends have left (step): a collective may wait on the rendezvous store (a shared
+// window) without progressing the transport, while the peer waits for a send of ours that needs that progress.
 void StageRunner::reduce_gradients() {
-  // The pipeline's sends first: a collective below may wait on the rendezvous store (a shared window) without
-  // progressing the transport, while the peer waits for a send of ours that needs that progress to complete.
-  wait_sends(-1);
   // Without ZeRO-1 the replicas sum first (a stage need not wait for the other end of the pipeline for that),
-  // then the ends exchange their sums of the tied embedding's rows. With ZeRO-1 the replicas' reduce-scatter
-  // comes in OPTIM, so the ends exchange each replica's own gradient here.
+  // then the ends exchange their sums of the tied embedding's rows (reduce_tied_embedding). With ZeRO-1 the
+  // replicas' reduce-scatter comes in OPTIM, so the ends exchange each replica's own gradient.
   if (!options_.zero1 && comms_.dp.size() > 1) dp_.all_reduce(model_->flat_grads(), ReduceOp::kSum);
-  reduce_tied_embedding();
 }
 
 // Each rank sends its rows of wte's gradient to the other end's ranks that hold them (tied_exchange) and adds
@@ -444,19 +531,15 @@ void StageRunner::reduce_tied_embedding() {
   copy_from_host(wte->grad, own.data());
 }
 
-void StageRunner::optimize(AdamwParams hp) {
+double StageRunner::local_norm_squared() {
   // Each tensor once in the norm: the last stage's copy of the tied embedding is the first stage's, tensors that
   // tensor parallelism replicates count on TP rank 0 only, and without ZeRO-1 (every replica holds the same
   // sums) replica 0 counts for its stage.
-  OptimizerStepOptions o{.max_norm = options_.grad_clip};
-  o.counted = [&](const Gpt::Param& p) {
+  OptimizerStepOptions& o = optimizer_options_;
+  o = OptimizerStepOptions{.max_norm = options_.grad_clip};
+  o.counted = [this](const Gpt::Param& p) {
     return (options_.zero1 || place_.replica == 0) && !(last_ && !first_ && p.name == "wte.weight") &&
            (p.split != TpSplit::kNone || place_.t == 0);
-  };
-  o.sum_over_ranks = [&](double local) {
-    float total = static_cast<float>(local);
-    comms_.all.all_reduce(&total, 1, DType::kF32, ReduceOp::kSum);
-    return static_cast<double>(total);
   };
   const Tensor& flat_grads = model_->flat_grads();
   const int64_t n = model_->num_params();
@@ -471,11 +554,17 @@ void StageRunner::optimize(AdamwParams hp) {
     comms_.dp.reduce_scatter(shard.data(), padded.data(), static_cast<size_t>(s), DType::kF32, ReduceOp::kSum);
     if (o.hi > o.lo) copy_from_host(flat_grads.slice(o.lo, o.hi), shard.data());
   }
+  return h2::local_norm_squared(*model_, norm_acc_, o);
+}
+
+void StageRunner::update(const AdamwParams& hp, double norm) {
+  const OptimizerStepOptions& o = optimizer_options_;
   try {
-    grad_norm_ = optimizer_step(*model_, optimizer_, hp, norm_acc_, o);
+    clip_and_update(*model_, optimizer_, hp, norm, o);
   } catch (const Error& e) {
-    throw Error(e.code(), cat("pipeline stage ", place_.stage, ": ", e.what()));
+    throw Error(e.code(), cat("pipeline stage ", virtual_stage_, ": ", e.what()));
   }
+  grad_norm_ = norm;
   if (!options_.zero1) return model_->refresh_bf16_weights();
   // Every replica takes the others' updated shards.
   const size_t s = static_cast<size_t>(optimizer_.m.numel());

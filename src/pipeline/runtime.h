@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -36,6 +37,7 @@
 #include "ops/kernels.h"
 #include "schedule/schedule.h"
 #include "train/checkpoint.h"
+#include "train/optimizer.h"
 
 namespace h2 {
 
@@ -52,9 +54,13 @@ struct StageShape {
 
 struct StageLayout {
   std::vector<StageShape> stages;
+  // Virtual stages per stage (interleaved 1F1B, Narayanan et al. 2021): stage s's ranks also run virtual stages
+  // s + P, s + 2P, ... (P stages), each a chunk of the model; the model's order runs through the virtual stages.
+  int chunks = 1;
 
   static StageLayout uniform(int stages, int dp, int tp = 1);
   int num_stages() const { return static_cast<int>(stages.size()); }
+  int num_virtual_stages() const { return num_stages() * chunks; }
   int world_size() const;
   // World ranks are stage-major, then replica, then TP rank: a replica's TP ranks are neighbours.
   int first_rank(int stage) const;
@@ -71,12 +77,12 @@ struct Transfer {
   int from = 0, to = 0;          // world ranks
   int64_t first = 0, count = 0;  // elements of the micro-batch
 };
-// Every piece going from stage `from` to stage `to` (neighbours) for a micro-batch of `rows` sequences of
-// `row_elements` (T x C) each. Partitioned (Megatron-LM's scatter-gather): each receiving TP rank gets its 1/tp
-// of its replica's rows, from the sending replicas that hold them, sent by the TP rank whose index is its own
-// modulo the sender's TP (in tp_from / tp_to pieces from as many sending ranks when those are more); the
-// receiving TP group then all-gathers the whole. Each sending TP rank so sends 1 / max(tp_from, tp_to) of what
-// crosses (ceil(tp_to / tp_from) / tp_to when TP degrees do not divide), not all of it.
+// Every piece going from stage `from` to stage `to` (neighbours, or the last and the first when interleaved) for a
+// micro-batch of `rows` sequences of `row_elements` (T x C) each. Partitioned (Megatron-LM's scatter-gather): each
+// receiving TP rank gets its 1/tp of its replica's rows, from the sending replicas that hold them, sent by the TP rank
+// whose index is its own modulo the sender's TP (in tp_from / tp_to pieces from as many sending ranks when those are
+// more); the receiving TP group then all-gathers the whole. Each sending TP rank so sends 1 / max(tp_from, tp_to) of
+// what crosses (ceil(tp_to / tp_from) / tp_to when TP degrees do not divide), not all of it.
 std::vector<Transfer> boundary_transfers(const StageLayout& layout, int rows, int64_t row_elements, int from, int to);
 
 // The communicators a stage needs, split from the world (a collective over every rank of the layout).
@@ -116,14 +122,17 @@ class StageRunner {
   using Batch = std::function<void(int micro_batch, int first_row, int rows, std::vector<int32_t>& tokens,
                                    std::vector<int32_t>& targets)>;
 
-  // This rank's stage of `layout` (its place follows from comms.all's rank), for micro-batches of `rows`
-  // sequences of length T; every stage's dp must divide rows, or its uneven shares add up to rows. `policy`: the
-  // recomputation and the micro-batches in flight (the schedule's max_in_flight for this stage). An allocation past the
-  // device's memory is an Error(kOutOfMemory) naming the stage, the rank and the device's sizes.
+  // This rank's stage of `layout` (its place follows from comms.all's rank) - with interleaving its chunk `chunk`,
+  // virtual stage chunk x P + its stage, whose blocks `range` holds - for micro-batches of `rows` sequences of
+  // length T; every stage's dp must divide rows, or its uneven shares add up to rows. `policy`: the recomputation
+  // and the micro-batches in flight (the schedule's max_in_flight for this virtual stage). An allocation past the
+  // device's memory is an Error(kOutOfMemory) naming the stage, the rank and the device's sizes. A rank's chunks
+  // share its device and its communicators.
   StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout, StageComms& comms,
-              int rows, int T, OptimOptions options, ActivationPolicy policy = {});
+              int rows, int T, OptimOptions options, ActivationPolicy policy = {}, int chunk = 0);
   Gpt& model() { return *model_; }
   const StageLayout::Place& place() const { return place_; }
+  int virtual_stage() const { return virtual_stage_; }
   int64_t recomputations() const { return model_->recomputed_blocks(); }  // blocks recomputed in backward, so far
   int64_t p2p_bytes_sent() const { return p2p_bytes_sent_; }  // activations and gradients sent to neighbours, so far
   // Everything the stage allocated on its device, measured by the allocator in costs.h's terms.
@@ -132,9 +141,15 @@ class StageRunner {
   // Runs one training step: this rank's actions of `schedule` (lowered, with gradient reduction). Returns the
   // step's mean loss, known on every rank (broadcast from the last stage).
   float step(const Schedule& schedule, const Batch& batch, const AdamwParams& hp);
+  // The same for a rank's chunks (chunks[c] runs chunk c; an interleaved schedule's actions name virtual stages):
+  // their squared gradient norms are summed before the one reduction over the ranks, so every chunk clips by the
+  // global norm.
+  static float step(std::span<StageRunner* const> chunks, const Schedule& schedule, const Batch& batch,
+                    const AdamwParams& hp);
   // Held-out evaluation: `micro_batches` micro-batches forward only, one after another through the pipeline.
   // Returns their mean loss, known on every rank; parameters and gradients are left alone.
   float evaluate(int micro_batches, const Batch& batch);
+  static float evaluate(std::span<StageRunner* const> chunks, int micro_batches, const Batch& batch);
   // Called after each action with its start and end (seconds, steady clock): for the measured trace.
   std::function<void(const Action&, double, double)> on_action;
   double last_grad_norm() const { return grad_norm_; }
@@ -146,12 +161,20 @@ class StageRunner {
 
  private:
   void allocate(ActivationPolicy policy);
+  void begin_step(int micro_batches);
+  void run(const Action& a, const Batch& batch);  // a compute, communication or REDUCE_GRAD action
   void forward(int m, const Batch& batch);
+  void evaluate_forward(int m, const Batch& batch);
   void backward(int m);
   void reduce_gradients();
   void reduce_tied_embedding();
-  void optimize(AdamwParams hp);
+  // OPTIM in two halves around the norm's reduction over the ranks: this chunk's share of the squared norm
+  // (ZeRO-1: after the reduce-scatter), then clipping and AdamW by the global norm.
+  double local_norm_squared();
+  void update(const AdamwParams& hp, double norm);
   float share_loss(double loss_sum, int micro_batches);
+  // Tags of a boundary's messages: the boundary (the higher virtual stage of the two), micro-batch, direction.
+  uint32_t tag(int boundary, int m, bool gradient) const;
   float loss_scale() const;
   static constexpr int kGradientBuffers = 2;   // input gradients being sent, in turn
   static constexpr int kSlotOwners = 1 << 20;  // send owners: slots below, gradient buffers from here
@@ -168,6 +191,7 @@ class StageRunner {
   GptRange range_;
   StageLayout layout_;
   StageLayout::Place place_;
+  int virtual_stage_ = 0;
   StageComms& comms_;
   TensorComm all_, dp_, tp_;
   int rows_, B_, T_;   // the micro-batch's rows, and this replica's share of them
@@ -193,6 +217,7 @@ class StageRunner {
   };
   std::vector<PendingSend> sends_;  // in flight this step
   StageMemory allocated_;
+  OptimizerStepOptions optimizer_options_;  // this step's, from local_norm_squared to update
   double loss_sum_ = 0, grad_norm_ = 0;
 };
 

@@ -248,9 +248,10 @@ Schedule add_gradient_reduction(const Schedule& in) {
   return out;
 }
 
-int max_in_flight(const Schedule& s, int rank) {
+int max_in_flight(const Schedule& s, int rank, int stage) {
   int live = 0, peak = 0;
   for (const Action& a : s.actions[static_cast<size_t>(rank)]) {
+    if (stage >= 0 && a.stage != stage) continue;
     if (a.type == ActionType::kForward) peak = std::max(peak, ++live);
     if (a.type == ActionType::kBackward) --live;
   }

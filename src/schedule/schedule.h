@@ -61,8 +61,9 @@ Schedule lower_communication(const Schedule& schedule);
 Schedule add_gradient_reduction(const Schedule& schedule);
 
 // The most micro-batches rank `rank` holds at once under `schedule` (forwards run whose backward has not): the
-// activation memory a stage needs. 1F1B: min(ranks - rank, micro-batches); GPipe: all of them.
-int max_in_flight(const Schedule& schedule, int rank);
+// activation memory a stage needs. 1F1B: min(ranks - rank, micro-batches); GPipe: all of them. With `stage`
+// (interleaved: one of the rank's virtual stages), that stage's alone; -1: all of the rank's.
+int max_in_flight(const Schedule& schedule, int rank, int stage = -1);
 
 // Runs the compute actions in dependency order (F of stage s needs F of s - 1; B of s needs F of s and B of
 // s + 1) with unit time, ignoring SEND/RECV. Returns "" when the schedule completes, else a description of

@@ -35,4 +35,12 @@ struct OptimizerStepOptions {
 double optimizer_step(Gpt& model, const OptimizerState& state, const AdamwParams& hp, const Tensor& acc,
                       const OptimizerStepOptions& options = {});
 
+// The step's two halves, for a rank that holds several models (interleaved pipeline chunks) and sums their norms
+// before one reduction over the ranks: the squared norm of `model`'s counted gradients in [lo, hi) (this rank's
+// share, not summed), and, given the global norm, clipping and AdamW on [lo, hi) (Error(kInternal) when the
+// norm is not finite). optimizer_step is the first, options.sum_over_ranks, then the second.
+double local_norm_squared(Gpt& model, const Tensor& acc, const OptimizerStepOptions& options = {});
+void clip_and_update(Gpt& model, const OptimizerState& state, const AdamwParams& hp, double norm,
+                     const OptimizerStepOptions& options = {});
+
 }  // namespace h2

@@ -92,7 +92,7 @@ Curve reference(double grad_clip, const GptConfig& config = kConfig) {
 }
 
 struct PipelineCase {
-  std::vector<GptRange> stages;
+  std::vector<GptRange> stages;       // per virtual stage (chunk-major when interleaved)
   std::vector<std::string> backends;  // per stage
   std::vector<StageShape> shapes;     // per stage; empty = one replica of one rank each
   int micro_batches = 2;
@@ -100,14 +100,18 @@ struct PipelineCase {
   bool zero1 = false;
   std::vector<Recompute> recompute;  // per stage (empty: none); activation slots follow the schedule
   GptConfig config = kConfig;
+  int chunks = 1;  // > 1: interleaved 1F1B
 };
 
 Curve pipelined(const PipelineCase& pc, double grad_clip) {
   StageLayout layout{pc.shapes};
-  if (layout.stages.empty()) layout = StageLayout::uniform(static_cast<int>(pc.stages.size()), 1);
+  if (layout.stages.empty()) layout = StageLayout::uniform(static_cast<int>(pc.stages.size()) / pc.chunks, 1);
+  layout.chunks = pc.chunks;
   const int ranks = layout.world_size(), stages = layout.num_stages();
   const int rows = kBatch / pc.micro_batches;  // a micro-batch's sequences
-  Schedule base = pc.gpipe ? schedule_gpipe(stages, pc.micro_batches) : schedule_1f1b(stages, pc.micro_batches);
+  Schedule base = pc.chunks > 1 ? schedule_interleaved(stages, pc.chunks, pc.micro_batches)
+                  : pc.gpipe    ? schedule_gpipe(stages, pc.micro_batches)
+                                : schedule_1f1b(stages, pc.micro_batches);
   const Schedule schedule = add_gradient_reduction(lower_communication(base));
   auto transports = make_inproc_transports(ranks);
   std::vector<std::string> errors(static_cast<size_t>(ranks));
@@ -123,37 +127,49 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
         auto device = create_device(DeviceSpec{.backend = pc.backends[static_cast<size_t>(place.stage)], .index = r});
         const Recompute recompute =
             pc.recompute.empty() ? Recompute::kNone : pc.recompute[static_cast<size_t>(place.stage)];
-        StageRunner runner(pc.config, *device, pc.stages[static_cast<size_t>(place.stage)], layout, comms, rows, kSeq,
-                           OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1},
-                           ActivationPolicy{recompute, max_in_flight(schedule, place.stage)});
-        runner.model().init(7);
+        std::vector<std::unique_ptr<StageRunner>> runners;
+        std::vector<StageRunner*> chunks;
+        for (int c = 0; c < pc.chunks; ++c) {
+          const int vs = c * stages + place.stage;
+          runners.push_back(
+              std::make_unique<StageRunner>(pc.config, *device, pc.stages[static_cast<size_t>(vs)], layout, comms, rows,
+                                            kSeq, OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1},
+                                            ActivationPolicy{recompute, max_in_flight(schedule, place.stage, vs)}, c));
+          runners.back()->model().init(7);
+          chunks.push_back(runners.back().get());
+        }
         for (int s = 0; s < kSteps; ++s) {
           const StageRunner::Batch batch = [&](int m, int first, int n, std::vector<int32_t>& tok,
                                                std::vector<int32_t>& tgt) {
             batch_rows(s, m * rows + first, n, tok, tgt, pc.config.vocab_size);
           };
-          const float loss = runner.step(schedule, batch, hyper(s));
+          const float loss = StageRunner::step(chunks, schedule, batch, hyper(s));
           if (r == 0) run.losses.push_back(loss);
           if (s == 0 && place.replica == 0 && !pc.zero1) {
             // Gradients after reduction (before the update; clipping is off in the gradient test), each TP
             // rank's shard put in its place of the whole tensor.
             std::lock_guard<std::mutex> lock(mu);
-            for (const Gpt::Param& p : runner.model().params()) {
-              if (p.name == "wte.weight" && place.stage != 0) continue;  // the first stage's copy stands for both
-              std::vector<float> g(static_cast<size_t>(p.grad.numel()));
-              copy_to_host(g.data(), p.grad);
-              std::vector<float>& whole = run.first_grads[p.name];
-              whole.resize(static_cast<size_t>(p.full_shape.numel()));
-              tp_runs(p.split, p.full_shape, place.t, runner.model().tp().size,
-                      [&](int64_t full, int64_t mine, int64_t count) {
-                        std::copy_n(g.begin() + mine, count, whole.begin() + full);
-                      });
+            for (StageRunner* runner : chunks) {
+              for (const Gpt::Param& p : runner->model().params()) {
+                // The first stage's copy of the tied embedding stands for both.
+                if (p.name == "wte.weight" && runner->virtual_stage() != 0) continue;
+                std::vector<float> g(static_cast<size_t>(p.grad.numel()));
+                copy_to_host(g.data(), p.grad);
+                std::vector<float>& whole = run.first_grads[p.name];
+                whole.resize(static_cast<size_t>(p.full_shape.numel()));
+                tp_runs(p.split, p.full_shape, place.t, runner->model().tp().size,
+                        [&](int64_t full, int64_t mine, int64_t count) {
+                          std::copy_n(g.begin() + mine, count, whole.begin() + full);
+                        });
+              }
             }
           }
         }
         std::lock_guard<std::mutex> lock(mu);
-        run.p2p_bytes[r] = runner.p2p_bytes_sent();
-        if (place.replica == 0 && place.t == 0) run.recomputations[place.stage] = runner.recomputations();
+        for (StageRunner* runner : chunks) {
+          run.p2p_bytes[r] += runner->p2p_bytes_sent();
+          if (place.replica == 0 && place.t == 0) run.recomputations[place.stage] += runner->recomputations();
+        }
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }
@@ -352,6 +368,29 @@ TEST(PipelineRuntime, ReplicasTakeUnevenSharesOfAMicroBatch) {
   const Curve ref_grads = reference(0.0);
   const Curve got = pipelined(pc, 0.0);
   expect_same_grads(ref_grads, got);
+}
+
+// Interleaved 1F1B: two stages of two chunks each (virtual stages 0 and 2 on the first, 1 and 3 on the second;
+// the second stage's first chunk feeds the first stage's second), one step's gradients and the curve with
+// clipping by the norm over every chunk of every rank are the single-device ones; each rank sends, per
+// micro-batch, three pieces of a whole (2 x 16 x 32) f32 activation (the first: F of 0 and 2, B of 2; the second:
+// F of 1, B of 1 and 3). Then with stages of different DP and TP, and ZeRO-1.
+TEST(PipelineRuntime, InterleavedChunksFollowTheSingleDeviceCurve) {
+  const PipelineCase pc{
+      .stages = {{true, 0, 1, false}, {false, 1, 2, false}, {false, 2, 3, false}, {false, 3, 4, true}},
+      .backends = {"cpu", "emu"},
+      .micro_batches = 4,
+      .chunks = 2};
+  const Curve ref = reference(1.0);
+  const Curve got = pipelined(pc, 1.0);
+  expect_same_curve(ref, got);
+  const int64_t activation = 2 * kSeq * 32 * 4;
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(got.p2p_bytes.at(r), 3 * activation * 4 * kSteps) << "rank " << r;
+  expect_same_grads(reference(0.0), pipelined(pc, 0.0));
+  PipelineCase wide = pc;
+  wide.shapes = {{2, 1}, {1, 2}};
+  wide.zero1 = true;
+  expect_same_curve(ref, pipelined(wide, 1.0));
 }
 
 TEST(PipelineRuntime, GradientsMatchTheUnpipelinedModel) {

@@ -121,6 +121,14 @@ TEST(Schedule, MicroBatchesInFlight) {
   // Lowering adds communication and reduction, not micro-batches.
   EXPECT_EQ(max_in_flight(add_gradient_reduction(lower_communication(one)), 1), 3);
   EXPECT_GT(max_in_flight(schedule_interleaved(4, 2, 8), 0), 4);
+  // Per virtual stage, counted by hand from 2 ranks x 2 chunks x 4 micro-batches (rank 0: 0F0 0F1 2F0 2F1 0F2
+  // 2B0 0F3 2B1 2F2 0B0 ...; rank 1: 1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 ...): its activation slots.
+  const Schedule two = schedule_interleaved(2, 2, 4);
+  EXPECT_EQ(max_in_flight(two, 0, 0), 4);
+  EXPECT_EQ(max_in_flight(two, 0, 2), 2);
+  EXPECT_EQ(max_in_flight(two, 0), 5);
+  EXPECT_EQ(max_in_flight(two, 1, 1), 3);
+  EXPECT_EQ(max_in_flight(two, 1, 3), 1);
 }
 
 }  // namespace
