@@ -43,7 +43,7 @@ YAML
   files=(--cluster "$cluster" --model "$dir/model.yaml" --train "$dir/setup.yaml" --config "$dir/train.yaml" --quiet)
   "$H2" train "${files[@]}" --profile --set "train.out_dir=$dir/profiled" > "$dir/profiled.txt" 2>&1
   "$H2" calibrate "$dir/profiled" --out "$dir/calibrated.yaml" > "$dir/calibrate.txt"
-  "$H2" plan --runnable --cluster "$dir/calibrated.yaml" --model "$dir/model.yaml" --train "$dir/setup.yaml" \
+  "$H2" plan --cluster "$dir/calibrated.yaml" --model "$dir/model.yaml" --train "$dir/setup.yaml" \
     --out "$dir/calibrated_plan.json" > /dev/null
   "$H2" train "${files[@]}" --plan "$dir/calibrated_plan.json" --set "train.out_dir=$dir/calibrated" \
     > "$dir/calibrated.txt" 2>&1

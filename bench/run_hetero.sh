@@ -18,7 +18,7 @@ runs=()
 for run in plan uniform fast slow; do
   baseline=()
   [ $run = plan ] || baseline=(--baseline $run)
-  if build/h2 plan --runnable --cluster $out/cluster.yaml --model $model --train $setup "${baseline[@]}" \
+  if build/h2 plan --cluster $out/cluster.yaml --model $model --train $setup "${baseline[@]}" \
     --out $out/$run.json > $out/$run.plan.txt 2>&1; then
     runs+=("$run")
   else

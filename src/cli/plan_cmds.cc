@@ -19,7 +19,7 @@ namespace {
 struct PlanCmd {
   std::string cluster = "examples/cluster_hetero1024.yaml", model = "examples/model_100b.yaml",
               train = "examples/train_100b.yaml", out, baseline, layout;
-  bool compare = false, runnable = false;
+  bool compare = false;
   double budget = 5;
   int threads = 0;
 };
@@ -40,7 +40,7 @@ int run_plan(const PlanCmd& o) {
   const PlanningInputs in = load_planning_inputs(o.cluster, o.model, o.train);
   const CostModel costs(in.cluster, in.model, in.train);
   if (!o.layout.empty()) return run_layout(o, in, costs);
-  PlannerOptions options = o.runnable ? runnable_plans() : PlannerOptions{};
+  PlannerOptions options;
   options.time_budget_s = o.budget;
   options.threads = o.threads;
   SearchStats stats;
@@ -135,8 +135,6 @@ void register_plan(CLI::App& app, Command& selected) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   pl->add_option("--search-threads", o->threads, "search threads (0: one per core)")->capture_default_str();
-  pl->add_flag("--runnable", o->runnable,
-               "only plans h2 train runs: 1F1B, without interleaved chunks (h2 train --cluster plans so itself)");
   pl->add_option("--layout", o->layout,
                  "cost this layout as given instead of searching (stages, TP, DP, layers, recomputation, "
                  "micro-batch, schedule; docs/planner.md)")

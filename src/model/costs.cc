@@ -186,6 +186,21 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   return r;
 }
 
+StageMemory combine_chunks(const std::vector<StageMemory>& chunks) {
+  StageMemory sum;
+  for (const StageMemory& m : chunks) {
+    sum.weights += m.weights;
+    sum.grads += m.grads;
+    sum.optimizer += m.optimizer;
+    sum.activations += m.in_flight * m.activations;
+    sum.inputs += m.in_flight * m.inputs;
+    sum.recompute += m.recompute;
+    sum.grad_scratch += m.grad_scratch;
+    sum.comm += m.comm;
+  }
+  return sum;
+}
+
 std::vector<double> stage_memory_terms(const StageMemory& m) {
   return {m.weights, m.grads, m.optimizer, m.activations, m.inputs, m.recompute, m.grad_scratch, m.comm};
 }

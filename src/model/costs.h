@@ -140,6 +140,9 @@ struct StageMemory {
   double total() const { return state() + buffers() + in_flight * per_micro_batch(); }
 };
 StageMemory stage_memory(const StageMemorySpec& spec);
+// A rank's chunks (interleaved 1F1B: a model per virtual stage) as one: their state and buffers summed, the per
+// micro-batch terms as the rank holds them (each chunk's times its own micro-batches in flight), in_flight 1.
+StageMemory combine_chunks(const std::vector<StageMemory>& chunks);
 
 // The terms in a fixed order with their names (reports, and for sending as numbers).
 inline constexpr const char* kStageMemoryTerms[] = {"weights", "grads",     "optimizer",    "activations",

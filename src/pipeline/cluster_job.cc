@@ -154,7 +154,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   }
   const CostModel costs(planned_on, in.shape, in.setup);
   if (files.plan.empty()) {
-    in.run.plan = plan_training(costs, runnable_plans());
+    in.run.plan = plan_training(costs, PlannerOptions{});
     in.run.plan.model = files.model.empty() ? files.config : files.model;
   } else {
     in.run.plan = load_plan(files.plan);
@@ -188,7 +188,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     planned_on = planned_on.without_device(planned_on.chip_index(dead));
     ::unsetenv("H2_FAULT_KILL");  // a fault injected for the first run is not injected again
     left.emplace(planned_on, in.shape, in.setup);
-    Plan next = plan_training(*left, runnable_plans());
+    Plan next = plan_training(*left, PlannerOptions{});
     next.model = in.run.plan.model;
     std::string from;
     int64_t from_step = 0;
@@ -224,7 +224,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   if (files.plan.empty()) {  // a given plan was made elsewhere: its baselines are not this planner's to state
     std::printf(
         "predicted baselines:\n%s",
-        format_baselines(plan_baselines(left ? *left : costs, in.run.plan, runnable_plans()), in.run.plan).c_str());
+        format_baselines(plan_baselines(left ? *left : costs, in.run.plan, PlannerOptions{}), in.run.plan).c_str());
   }
   return 0;
 }

@@ -34,15 +34,18 @@ fs::path trace_part(const HeteroRun& run, int rank) {
 StageLayout stage_layout_of(const Plan& plan) {
   StageLayout layout;
   for (const StagePlan& s : plan.stages) layout.stages.push_back(StageShape{s.dp, s.tp, s.replica_rows()});
+  layout.chunks = plan.chunks;
   return layout;
 }
 
 void check_plan_runs(const Plan& plan, const GptConfig& model) {
   const auto fail = [](const std::string& what) { throw Error(ErrorCode::kConfig, cat("plan: ", what)); };
   if (plan.stages.empty()) fail("has no stages");
-  if (plan.schedule != ScheduleKind::k1F1B) {
-    fail(cat("schedule ", schedule_name(plan.schedule), ": h2 train runs 1F1B only (each rank one range of blocks); ",
-             "plan with h2 plan --runnable"));
+  if (plan.schedule == ScheduleKind::kGPipe) {
+    fail("schedule gpipe: h2 train runs 1F1B and interleaved 1F1B; plan again, or set \"schedule\": \"1f1b\"");
+  }
+  if (plan.chunks > 1 && plan.stages.size() < 2) {
+    fail(cat("chunks ", plan.chunks, ": interleaving needs at least two stages; set \"chunks\": 1"));
   }
   if (plan.num_micro_batches < 1 || plan.global_batch % plan.num_micro_batches != 0) {
     fail(cat("global_batch ", plan.global_batch, " is not a whole number of num_micro_batches (",
@@ -53,6 +56,9 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
     const std::string where = cat("stage ", i, " (", s.chip, "): ");
+    if (s.layers < plan.chunks) {
+      fail(cat(where, s.layers, " layers for ", plan.chunks, " chunks; each chunk needs at least one"));
+    }
     if (s.first_layer != next_layer || s.layers < 0) {
       fail(cat(where, "first_layer ", s.first_layer, " with ", s.layers, " layers; the stages must cover blocks 0..",
                model.n_layer - 1, " in order"));
@@ -71,8 +77,6 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
   }
   if (next_layer != model.n_layer) fail(cat("the stages hold ", next_layer, " blocks; the model has ", model.n_layer));
 }
-
-PlannerOptions runnable_plans() { return PlannerOptions{.interleave = false}; }
 
 GptConfig gpt_config_of(const TransformerShape& shape) {
   GptConfig c{.n_layer = static_cast<int>(shape.layers),
@@ -133,7 +137,8 @@ class RankTraining {
         T_(c_.model.seq_len),
         M_(plan_.num_micro_batches),
         rows_(static_cast<int>(plan_.global_batch / M_)),
-        schedule_(add_gradient_reduction(lower_communication(schedule_1f1b(layout_.num_stages(), M_)))),
+        schedule_(add_gradient_reduction(lower_communication(schedule_of(plan_)))),
+        virtual_stages_(virtual_stages(plan_)),
         checkpoint_dir_((fs::path(c_.out_dir) / "checkpoints").string()) {
     build_stage();
   }
@@ -148,6 +153,7 @@ class RankTraining {
   void save(int64_t done);
   float evaluate();
   void record_step(int64_t step, float loss, double lr, double dt);
+  StageMemory predicted_memory(int rank) const;  // model/costs.h's formula for a rank: its chunks' sum
   void gather_memory();                  // every rank's device peak and backend, into peaks_, backends_ (a collective)
   nlohmann::json memory_report() const;  // per rank: its place, chip, planned and measured bytes
   void print_memory() const;
@@ -168,12 +174,14 @@ class RankTraining {
   const StageLayout::Place place_;
   StageComms comms_;
   const StagePlan& stage_;
-  const int T_, M_, rows_;   // rows: a micro-batch's sequences over all of a stage's replicas
-  const Schedule schedule_;  // 1F1B, lowered
+  const int T_, M_, rows_;                         // rows: a micro-batch's sequences over all of a stage's replicas
+  const Schedule schedule_;                        // the plan's, lowered
+  const std::vector<ChunkLayers> virtual_stages_;  // what each virtual stage holds (the stages without interleaving)
   const std::string checkpoint_dir_;
   std::string resumed_from_;  // the checkpoint this run resumed from, which retention keeps
   std::unique_ptr<Device> device_;
-  std::unique_ptr<StageRunner> runner_;
+  std::vector<std::unique_ptr<StageRunner>> runners_;  // per chunk
+  std::vector<StageRunner*> chunks_;
   std::unique_ptr<TokenLoader> loader_, val_loader_;
   std::vector<int32_t> tokens_, targets_;  // the step's whole batch (first and last stage)
   int64_t first_step_ = 0;
@@ -188,13 +196,18 @@ void RankTraining::build_stage() {
   // A stage whose replicas mix chip types: this replica's type.
   const ReplicaGroup group = stage_.group_of(place_.replica);
   device_ = create_device(device_spec_of(run_.cluster, group.chip, rank_));
-  const GptRange range{stage_.embedding, stage_.first_layer, stage_.first_layer + stage_.layers, stage_.head};
-  // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
-  runner_ = std::make_unique<StageRunner>(
-      c_.model, *device_, range, layout_, comms_, rows_, T_,
-      OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
-      ActivationPolicy{group.recompute, max_in_flight(schedule_, place_.stage), c_.precision});
-  runner_->model().init(c_.seed);
+  for (int c = 0; c < plan_.chunks; ++c) {
+    const int vs = c * layout_.num_stages() + place_.stage;
+    const ChunkLayers& v = virtual_stages_[static_cast<size_t>(vs)];
+    const GptRange range{v.embedding, v.first_layer, v.first_layer + v.layers, v.head};
+    // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
+    runners_.push_back(std::make_unique<StageRunner>(
+        c_.model, *device_, range, layout_, comms_, rows_, T_,
+        OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
+        ActivationPolicy{group.recompute, max_in_flight(schedule_, place_.stage, vs), c_.precision}, c));
+    runners_.back()->model().init(c_.seed);
+    chunks_.push_back(runners_.back().get());
+  }
 }
 
 void RankTraining::load_data() {
@@ -221,9 +234,11 @@ void RankTraining::restore() {
   resumed_from_ = latest;
   const CheckpointState state = read_checkpoint_state(latest);
   check_checkpoint_model(state, c_.model, latest);
-  std::vector<float> mom, vel;
-  load_checkpoint_by_name(latest, runner_->model(), &mom, &vel);
-  runner_->set_optimizer_state(mom, vel);
+  for (StageRunner* chunk : chunks_) {
+    std::vector<float> mom, vel;
+    load_checkpoint_by_name(latest, chunk->model(), &mom, &vel);
+    chunk->set_optimizer_state(mom, vel);
+  }
   first_step_ = state.step;
   if (loader_) loader_->seek(state.data);
   if (rank_ == 0 && !quiet_) std::printf("resumed from %s at step %lld\n", latest.c_str(), (long long)first_step_);
@@ -232,18 +247,20 @@ void RankTraining::restore() {
 void RankTraining::save(int64_t done) {
   if (rank_ == 0) begin_checkpoint(checkpoint_dir_, done);
   world_.barrier();
-  std::vector<float> mom, vel;
-  runner_->optimizer_state(mom, vel);
-  if (place_.replica == 0) {
+  for (StageRunner* chunk : chunks_) {
+    std::vector<float> mom, vel;
+    chunk->optimizer_state(mom, vel);
+    if (place_.replica != 0) continue;
     // The last stage's copy of the tied embedding is the first stage's: written once. TP ranks put their shards
-    // together; the first of them writes.
+    // together; the first of them writes, a file per virtual stage.
+    const int vs = chunk->virtual_stage();
     const std::vector<SavedParam> params = saved_params(
-        runner_->model(), mom.data(), vel.data(),
-        [&](const Gpt::Param& p) { return !(place_.stage > 0 && p.name == "wte.weight"); },
+        chunk->model(), mom.data(), vel.data(),
+        [&](const Gpt::Param& p) { return !(vs > 0 && p.name == "wte.weight"); },
         [&](std::vector<float>& x) { comms_.tp.all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum); });
     if (place_.t == 0) {
-      write_model_files((fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(),
-                        cat(".stage", place_.stage), params);
+      write_model_files((fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(), cat(".stage", vs),
+                        params);
     }
   }
   world_.barrier();
@@ -266,7 +283,7 @@ float RankTraining::evaluate() {
   double sum = 0;
   for (int i = 0; i < batches; ++i) {
     val_loader_->next(tokens_, targets_);  // the training batch is loaded again at the next step
-    sum += runner_->evaluate(M_, [this](auto&&... a) { take_rows(a...); });
+    sum += StageRunner::evaluate(chunks_, M_, [this](auto&&... a) { take_rows(a...); });
   }
   return static_cast<float>(sum / batches);
 }
@@ -323,20 +340,7 @@ nlohmann::json RankTraining::memory_report() const {
                             {"peak_bytes", peaks_[static_cast<size_t>(r)]}};
     if (static_cast<size_t>(r) < allocated_.size()) {
       // Term by term: model/costs.h's formula for this rank (its vocabulary shard) beside what it allocated.
-      const StageMemory predicted =
-          stage_memory({.shape = plan_.shape,
-                        .embedding = s.embedding,
-                        .head = s.head,
-                        .layers = s.layers,
-                        .rows = layout_.stages[static_cast<size_t>(p.stage)].rows_of(p.replica, rows_),
-                        .seq = T_,
-                        .tp = s.tp,
-                        .tp_rank = p.t,
-                        .optimizer_shards = run_.zero1 ? s.dp : 1,
-                        .recompute = group.recompute,
-                        .in_flight = max_in_flight(schedule_, p.stage),
-                        .bytes = ElementBytes::of(c_.precision)});
-      const std::vector<double> want = stage_memory_terms(predicted);
+      const std::vector<double> want = stage_memory_terms(predicted_memory(r));
       for (size_t i = 0; i < want.size(); ++i) {
         entry["terms"][kStageMemoryTerms[i]] = {{"predicted", want[i]},
                                                 {"measured", allocated_[static_cast<size_t>(r)][i]}};
@@ -345,6 +349,29 @@ nlohmann::json RankTraining::memory_report() const {
     out.push_back(entry);
   }
   return out;
+}
+
+StageMemory RankTraining::predicted_memory(int rank) const {
+  const StageLayout::Place p = layout_.place(rank);
+  const StagePlan& s = plan_.stages[static_cast<size_t>(p.stage)];
+  std::vector<StageMemory> chunks;
+  for (int c = 0; c < plan_.chunks; ++c) {
+    const int vs = c * layout_.num_stages() + p.stage;
+    const ChunkLayers& v = virtual_stages_[static_cast<size_t>(vs)];
+    chunks.push_back(stage_memory({.shape = plan_.shape,
+                                   .embedding = v.embedding,
+                                   .head = v.head,
+                                   .layers = v.layers,
+                                   .rows = layout_.stages[static_cast<size_t>(p.stage)].rows_of(p.replica, rows_),
+                                   .seq = T_,
+                                   .tp = s.tp,
+                                   .tp_rank = p.t,
+                                   .optimizer_shards = run_.zero1 ? s.dp : 1,
+                                   .recompute = s.group_of(p.replica).recompute,
+                                   .in_flight = max_in_flight(schedule_, p.stage, vs),
+                                   .bytes = ElementBytes::of(c_.precision)}));
+  }
+  return combine_chunks(chunks);
 }
 
 void RankTraining::print_memory() const {
@@ -364,7 +391,7 @@ void RankTraining::record_step(int64_t step, float loss, double lr, double dt) {
   const double tokens_per_step = static_cast<double>(plan_.global_batch) * T_;
   metrics_ << nlohmann::json{{"step", step + 1},
                              {"loss", loss},
-                             {"grad_norm", runner_->last_grad_norm()},
+                             {"grad_norm", chunks_.front()->last_grad_norm()},
                              {"lr", lr},
                              {"step_s", dt},
                              {"tokens_per_s", tokens_per_step / dt},
@@ -375,8 +402,8 @@ void RankTraining::record_step(int64_t step, float loss, double lr, double dt) {
   metrics_.flush();
   if (!quiet_ && ((step + 1) % std::max<int64_t>(1, c_.log_every) == 0 || step + 1 == c_.steps)) {
     std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %6.3f | %7.0f tok/s | step %.3f s (plan %.3f s)\n",
-                static_cast<long long>(step + 1), static_cast<long long>(c_.steps), loss, lr, runner_->last_grad_norm(),
-                tokens_per_step / dt, dt, plan_.step_s);
+                static_cast<long long>(step + 1), static_cast<long long>(c_.steps), loss, lr,
+                chunks_.front()->last_grad_norm(), tokens_per_step / dt, dt, plan_.step_s);
     std::fflush(stdout);
   }
 }
@@ -392,11 +419,13 @@ RankOutcome RankTraining::train(const std::atomic<bool>* stop_requested) {
     if (fault_rank == rank_) kill_step = fault_step;
   }
   int64_t step = 0;
-  runner_->on_action = [&](const Action& a, double t0, double t1) {
-    if (step + 1 == kill_step) std::raise(SIGKILL);
-    trace_.push_back(
-        {{"name", a.str()}, {"ph", "X"}, {"pid", rank_}, {"tid", 0}, {"ts", t0 * 1e6}, {"dur", (t1 - t0) * 1e6}});
-  };
+  for (StageRunner* chunk : chunks_) {
+    chunk->on_action = [&](const Action& a, double t0, double t1) {
+      if (step + 1 == kill_step) std::raise(SIGKILL);
+      trace_.push_back(
+          {{"name", a.str()}, {"ph", "X"}, {"pid", rank_}, {"tid", 0}, {"ts", t0 * 1e6}, {"dur", (t1 - t0) * 1e6}});
+    };
+  }
   if (rank_ == 0) {
     make_directory(c_.out_dir, "train.out_dir");
     metrics_ = open_metrics((fs::path(c_.out_dir) / "metrics.jsonl").string(), first_step_);
@@ -440,8 +469,8 @@ RankOutcome RankTraining::train(const std::atomic<bool>* stop_requested) {
     }
     const double t0 = monotonic_seconds() - load_s;
     const double lr = learning_rate(c_, step);
-    const float loss = runner_->step(
-        schedule_, [this](auto&&... a) { take_rows(a...); }, adamw_params(c_, step));
+    const float loss = StageRunner::step(
+        chunks_, schedule_, [this](auto&&... a) { take_rows(a...); }, adamw_params(c_, step));
     const double dt = monotonic_seconds() - t0;
     all += dt;
     if (step >= first_step_ + 2) {
@@ -472,7 +501,9 @@ void RankTraining::finish(const RankOutcome& out) {
   fs::create_directories(trace_part(run_, rank_).parent_path());
   write_file_atomic(trace_part(run_, rank_).string(), trace_.dump());
   gather_memory();
-  allocated_ = gather_bytes(world_, stage_memory_terms(runner_->allocated()));
+  std::vector<StageMemory> allocated;
+  for (StageRunner* chunk : chunks_) allocated.push_back(chunk->allocated());
+  allocated_ = gather_bytes(world_, stage_memory_terms(combine_chunks(allocated)));
   if (rank_ == 0) {
     const double tokens_per_step = static_cast<double>(plan_.global_batch) * T_;
     write_file_atomic((fs::path(c_.out_dir) / "measured.json").string(),

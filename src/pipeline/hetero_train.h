@@ -34,17 +34,14 @@ struct HeteroRun {
   bool resume = false;  // continue from the newest checkpoint in out_dir/checkpoints
 };
 
-// The ranks a plan runs on: each stage's replicas and tensor-parallel degree.
+// The ranks a plan runs on: each stage's replicas and tensor-parallel degree, and its chunks per stage.
 StageLayout stage_layout_of(const Plan& plan);
 
 // Error(kConfig) naming the stage and field when the runtime cannot run `plan` on `model`: stages that do not
 // cover the blocks in order, the embedding not first or the head not last, a TP degree that does not divide
-// the heads, replicas that do not divide a micro-batch, a schedule other than 1F1B (each rank runs one range of
-// blocks: no interleaved chunks).
+// the heads, replicas that do not divide a micro-batch, GPipe (1F1B and interleaved 1F1B run: a rank runs one
+// range of blocks per chunk), interleaving on one stage or with fewer layers than chunks on a stage.
 void check_plan_runs(const Plan& plan, const GptConfig& model);
-
-// The search's options for plans this runtime runs: 1F1B, not interleaved.
-PlannerOptions runnable_plans();
 
 // The GPT configuration the planner's model file describes (layers, hidden, heads, vocab, seq_len).
 GptConfig gpt_config_of(const TransformerShape& shape);

@@ -371,6 +371,25 @@ void check_plan(const Plan& p, const std::string& source) {
   }
 }
 
+int chunk_layers(int stage_layers, int chunks, int chunk) {
+  return stage_layers * (chunk + 1) / chunks - stage_layers * chunk / chunks;
+}
+
+std::vector<ChunkLayers> virtual_stages(const Plan& plan) {
+  const int p = static_cast<int>(plan.stages.size()), v = plan.chunks;
+  std::vector<ChunkLayers> out(static_cast<size_t>(p * v));
+  int first = 0;
+  for (int k = 0; k < p * v; ++k) {
+    ChunkLayers& c = out[static_cast<size_t>(k)];
+    c.first_layer = first;
+    c.layers = chunk_layers(plan.stages[static_cast<size_t>(k % p)].layers, v, k / p);
+    c.embedding = k == 0 && plan.stages.front().embedding;
+    c.head = k == p * v - 1 && plan.stages.back().head;
+    first += c.layers;
+  }
+  return out;
+}
+
 Schedule schedule_of(const Plan& plan) {
   return make_schedule(plan.schedule, static_cast<int>(plan.stages.size()), plan.chunks, plan.num_micro_batches);
 }

@@ -95,6 +95,16 @@ struct StepEnd {
 };
 StepEnd end_of_step(const Plan& plan, const std::vector<double>& finish);
 
+// What one virtual stage holds (interleaved 1F1B; without it, the stages themselves): stage i's layers are split
+// into `chunks` near-equal chunks (the later ones the larger), virtual stage c x P + i holds chunk c of stage i,
+// and the virtual stages in order cover the blocks; the first holds the embedding, the last the head.
+struct ChunkLayers {
+  int first_layer = 0, layers = 0;
+  bool embedding = false, head = false;
+};
+int chunk_layers(int stage_layers, int chunks, int chunk);  // chunk `chunk`'s share of a stage's layers
+std::vector<ChunkLayers> virtual_stages(const Plan& plan);  // per virtual stage
+
 // The plan's schedule replayed with its stages' times (schedule/replay.h): a rank's stage time split evenly over
 // its chunks, the boundary from the last rank back to the first (interleaving) at the slowest boundary's time.
 Schedule schedule_of(const Plan& plan);

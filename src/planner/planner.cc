@@ -26,6 +26,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // fixed[r] + n per_layer[r].
 struct StageTerms {
   int chip, tp, dp, rows, in_flight;  // rows: a micro-batch's sequences on one replica
+  std::vector<int> chunk_in_flight;   // interleaved: per chunk, its micro-batches in flight (empty: one chunk)
   bool embedding, head;
   double extra_fwd_s, extra_bwd_s;  // embedding / head work per micro-batch
   double usable_bytes;
@@ -73,9 +74,26 @@ struct StageTerms {
   static constexpr double kRoundingBytes = 4096;  // ZeRO-1's rounded-up shards
 };
 
-// A stage's embedding or head work and its memory terms, given its chip, TP, rows, replicas and place; `chunks`:
-// interleaved, a micro-batch in flight holds one chunk's share of the stage's activations.
-void fill_memory(const CostModel& c, StageTerms& t, int chunks) {
+// What a device of the stage holds with `spec`'s layers and recomputation: model/costs.h's stage_memory, or,
+// interleaved, the sum over its chunks as the runtime allocates them (a model per chunk with its own buffers, each
+// chunk's activations for its own micro-batches in flight; combine_chunks). Its total() is the device's bytes.
+StageMemory device_memory(const CostModel& c, const StageTerms& t, const StageMemorySpec& spec) {
+  const int v = static_cast<int>(t.chunk_in_flight.size());
+  if (v <= 1) return c.stage_memory(spec);
+  std::vector<StageMemory> chunks;
+  for (int k = 0; k < v; ++k) {
+    StageMemorySpec s = spec;
+    s.layers = chunk_layers(spec.layers, v, k);
+    s.embedding = spec.embedding && k == 0;
+    s.head = spec.head && k == v - 1;
+    s.in_flight = t.chunk_in_flight[static_cast<size_t>(k)];
+    chunks.push_back(c.stage_memory(s));
+  }
+  return combine_chunks(chunks);
+}
+
+// A stage's embedding or head work and its memory terms, given its chip, TP, rows, replicas, place and chunks.
+void fill_memory(const CostModel& c, StageTerms& t) {
   if (t.embedding) {
     t.extra_fwd_s += t.times->embedding_forward_s;
     t.extra_bwd_s += t.times->embedding_backward_s;
@@ -91,25 +109,23 @@ void fill_memory(const CostModel& c, StageTerms& t, int chunks) {
                            .tp = t.tp,
                            .optimizer_shards = c.train().zero1 ? t.dp : 1,
                            .in_flight = t.in_flight};
-  // What a device holds of the stage (interleaved: one chunk's share of each micro-batch in flight).
-  const auto total = [&](const StageMemory& m) {
-    return m.state() + m.buffers() + t.in_flight * m.per_micro_batch() / chunks;
-  };
+  // Affine from one and two layers per chunk (exact when the chunks' layers are equal).
+  const int v = std::max<int>(1, static_cast<int>(t.chunk_in_flight.size()));
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     StageMemorySpec spec = t.spec;
     spec.recompute = r;
-    spec.layers = 1;
-    const StageMemory one = c.stage_memory(spec);
-    spec.layers = 2;
-    const StageMemory two = c.stage_memory(spec);
+    spec.layers = v;
+    const StageMemory one = device_memory(c, t, spec);
+    spec.layers = 2 * v;
+    const StageMemory two = device_memory(c, t, spec);
     const int k = static_cast<int>(r);
-    t.per_layer_bytes[k] = total(two) - total(one);
-    t.fixed_bytes[k] = total(one) - t.per_layer_bytes[k];
-    t.state_layer_bytes = two.state() - one.state();
+    t.per_layer_bytes[k] = (two.total() - one.total()) / v;
+    t.fixed_bytes[k] = one.total() - v * t.per_layer_bytes[k];
+    t.state_layer_bytes = (two.state() - one.state()) / v;
   }
   StageMemorySpec empty = t.spec;
   empty.layers = 0;
-  t.empty_bytes = total(c.stage_memory(empty));
+  t.empty_bytes = device_memory(c, t, empty).total();
 }
 
 std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
@@ -149,9 +165,12 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
       t.dp = dp;
       // The micro-batches (a chunk's share each when interleaved) its schedule keeps in flight: 1F1B min(p - i, m).
       t.in_flight = one_f_one_b ? std::min(p - i, m) : max_in_flight(schedule, i);
+      if (layout.chunks > 1) {
+        for (int k = 0; k < layout.chunks; ++k) t.chunk_in_flight.push_back(max_in_flight(schedule, i, k * p + i));
+      }
       t.embedding = i == 0;
       t.head = i == p - 1;
-      fill_memory(c, t, layout.chunks);
+      fill_memory(c, t);
     }
     if (shares.size() == 1) {
       out.push_back(shares.front());
@@ -275,9 +294,8 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
       StageMemorySpec spec = share.spec;
       spec.layers = n;
       spec.recompute = recompute;
-      const StageMemory memory = c.stage_memory(spec);
-      // Interleaved: a micro-batch in flight holds one chunk's share of the stage's activations.
-      const double total = memory.state() + memory.buffers() + share.in_flight * memory.per_micro_batch() / v;
+      const StageMemory memory = device_memory(c, share, spec);
+      const double total = memory.total();
       if (total > share.usable_bytes && failure != nullptr) {
         failure->shortfall_bytes = total - share.usable_bytes;
         failure->what =
@@ -305,7 +323,8 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
       if (1.0 - total / share.usable_bytes < headroom) {
         headroom = 1.0 - total / share.usable_bytes;
         st.state_bytes = memory.state();
-        st.activation_bytes = memory.per_micro_batch();
+        // Per micro-batch in flight (interleaved: what the chunks hold, over the stage's most in flight at once).
+        st.activation_bytes = memory.per_micro_batch() * memory.in_flight / share.in_flight;
         st.buffer_bytes = memory.buffers();
         st.memory_bytes = total;
         st.capacity_bytes = share.usable_bytes;

@@ -59,9 +59,11 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
     if (end.tied_start[k] >= 0) trace(cat(i, "REDUCE_TIED"), "dp", 0, i, end.tied_start[k], s.tied_allreduce_s);
     trace(cat(i, "OPTIM"), "optimizer", 0, i, end.optim_start[k], s.optimizer_s);
     // Memory from this replay, not from the plan's totals: the state and buffers, allocated for the whole step,
-    // plus a micro-batch's activations from its forward to its backward (a chunk's share when interleaved), at
-    // the most the replay held at once.
-    result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes + r.peak_in_flight[k] * s.activation_bytes / v);
+    // plus a micro-batch's activations from its forward to its backward (interleaved: the chunks' average; a
+    // chunk's share of the stage's when replayed with more chunks than the plan was costed for), at the most the
+    // replay held at once.
+    const double activations = s.activation_bytes * given.chunks / v;
+    result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes + r.peak_in_flight[k] * activations);
     result.capacity_bytes.push_back(s.capacity_bytes);
   }
   double busy = 0;

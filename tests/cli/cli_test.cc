@@ -665,6 +665,48 @@ TEST_F(ClusterTraining, AStageOfMixedChipTypesTakesUnevenRows) {
   EXPECT_THAT(bad.output, Not(HasSubstr("launching")));
 }
 
+// Interleaved 1F1B end to end: two stages of two chunks each (virtual stages on fast, slow, fast, slow), costed by
+// `h2 plan --layout`, train on two processes. Killed in step 5, the run resumes from step 4's checkpoint (a file
+// per virtual stage) and ends on the loss of the planner's own 1F1B plan (the same data and seed); every rank's
+// peak and memory terms are the plan's to the byte (a model per chunk, each with its own micro-batches in flight);
+// the measured trace names the virtual stages.
+TEST_F(ClusterTraining, AnInterleavedPlanTrainsAndResumes) {
+  const Result full = run_h2(command() + " --set train.out_dir=" + dir_ + "/full");
+  ASSERT_EQ(full.status, 0) << full.output;
+  const std::string layout = dir_ + "/interleaved.yaml", plan = dir_ + "/interleaved.json";
+  std::ofstream(layout) << "dp: 1\nmicro_batch: 1\nschedule: interleaved\nchunks: 2\nstages:\n"
+                           "  - {chip: fast, tp: 1, layers: 2}\n  - {chip: slow, tp: 1, layers: 2}\n";
+  const std::string setup = dir_ + "/f32.yaml";  // costed as this run trains: f32, H2's runtime's memory
+  std::ofstream(setup) << read_file(train_) << "precision: f32\nh2_runtime: true\n";
+  const Result p = run_h2("plan --cluster " + cluster_ + " --model " + model_ + " --train " + setup + " --layout " +
+                          layout + " --out " + plan);
+  ASSERT_EQ(p.status, 0) << p.output;
+  const std::string run = command() + " --plan " + plan + " --set train.out_dir=" + dir_ + "/inter";
+  const Result killed = run_h2(run, "H2_FAULT_KILL=1:5");
+  EXPECT_NE(killed.status, 0);
+  EXPECT_THAT(killed.output, HasSubstr("step     4/6"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/inter/checkpoints/step_000004/model.stage3.safetensors"));
+  const Result resumed = run_h2(run + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("resumed from"));
+  const auto loss = [](const std::vector<std::string>& lines) {  // the last training step's
+    return nlohmann::json::parse(lines[lines.size() - 2])["loss"].get<double>();
+  };
+  const double want = loss(metric_lines(dir_ + "/full/metrics.jsonl"));
+  EXPECT_NEAR(loss(metric_lines(dir_ + "/inter/metrics.jsonl")), want, 1e-4 * want);
+  const auto summary = nlohmann::json::parse(read_file(dir_ + "/inter/summary.json"));
+  ASSERT_EQ(summary.at("memory").size(), 2u);
+  for (const auto& m : summary.at("memory")) {
+    EXPECT_EQ(m.at("peak_bytes").get<double>(), m.at("planned_bytes").get<double>()) << m.dump();
+    for (const auto& [term, v] : m.at("terms").items()) {
+      EXPECT_EQ(v.at("measured").get<double>(), v.at("predicted").get<double>()) << term;
+    }
+  }
+  const std::string trace = read_file(dir_ + "/inter/trace_measured.json");
+  EXPECT_THAT(trace, HasSubstr("\"2F0\""));
+  EXPECT_THAT(trace, HasSubstr("\"3B0\""));
+}
+
 TEST_F(ClusterTraining, ATensorParallelPlanResumesUnderAnotherPlan) {
   const Result full = run_h2(command() + " --set train.out_dir=" + dir_ + "/full");
   ASSERT_EQ(full.status, 0) << full.output;

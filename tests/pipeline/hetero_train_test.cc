@@ -116,10 +116,24 @@ TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
               HasSubstr("stage 0 (fast): only the first stage may hold the embedding"));
   plan.stages[0].embedding = true;
+  plan.schedule = ScheduleKind::kGPipe;
+  EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
+              HasSubstr("schedule gpipe: h2 train runs 1F1B and interleaved 1F1B"));
   plan.schedule = ScheduleKind::kInterleaved;
   plan.chunks = 2;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
-              HasSubstr("schedule interleaved: h2 train runs 1F1B only"));
+              HasSubstr("stage 0 (fast): 1 layers for 2 chunks; each chunk needs at least one"));
+  plan.stages[0].layers = 2;
+  plan.stages[1].first_layer = 2;
+  plan.stages[1].layers = 2;
+  check_plan_runs(plan, model);
+  EXPECT_EQ(stage_layout_of(plan).chunks, 2);
+  Plan one = plan;
+  one.stages = {plan.stages[0]};
+  one.stages[0].layers = 4;
+  one.stages[0].head = true;
+  EXPECT_THAT(error_of([&] { check_plan_runs(one, model); }, ErrorCode::kConfig),
+              HasSubstr("chunks 2: interleaving needs at least two stages"));
 }
 
 }  // namespace

@@ -410,6 +410,29 @@ TEST(Layout, FileErrorsNameTheFieldAndALayoutThatDoesNotFitSaysSo) {
   EXPECT_DOUBLE_EQ(inter.step_s, end_of_step(inter, replay_plan(inter).finish).step_s);
 }
 
+// The blocks each virtual stage holds, by hand: stages of 3 and 2 layers in 2 chunks split 1 + 2 and 1 + 1;
+// virtual stages 0, 1, 2, 3 are stage 0's first chunk, stage 1's first, stage 0's second, stage 1's second.
+TEST(Plan, VirtualStagesRunThroughTheBlocksChunkByChunk) {
+  Plan plan;
+  plan.chunks = 2;
+  plan.stages = {StagePlan{.first_layer = 0, .layers = 3, .embedding = true},
+                 StagePlan{.first_layer = 3, .layers = 2, .head = true}};
+  const std::vector<ChunkLayers> v = virtual_stages(plan);
+  ASSERT_EQ(v.size(), 4u);
+  const int first[] = {0, 1, 2, 4}, layers[] = {1, 1, 2, 1};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(v[k].first_layer, first[k]) << k;
+    EXPECT_EQ(v[k].layers, layers[k]) << k;
+    EXPECT_EQ(v[k].embedding, k == 0) << k;
+    EXPECT_EQ(v[k].head, k == 3) << k;
+  }
+  plan.chunks = 1;  // without interleaving, the stages themselves
+  const std::vector<ChunkLayers> s = virtual_stages(plan);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[1].first_layer, 3);
+  EXPECT_EQ(s[1].layers, 2);
+}
+
 // A stage whose replicas mix chip types, written by hand: each group is costed on its own chip at its own rows (the
 // same figures as a stage of that type alone with those rows), the stage takes the slowest group's time, the plan
 // goes to JSON and back with its groups, and bad shares or too many devices are errors naming the field.
