@@ -56,7 +56,7 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
     const std::string where = cat("stage ", i, " (", s.chip, "): ");
-    if (s.layers < plan.chunks) {
+    if (plan.chunks > 1 && s.layers < plan.chunks) {
       fail(cat(where, s.layers, " layers for ", plan.chunks, " chunks; each chunk needs at least one"));
     }
     if (s.first_layer != next_layer || s.layers < 0) {

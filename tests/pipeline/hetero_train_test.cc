@@ -116,6 +116,11 @@ TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
               HasSubstr("stage 0 (fast): only the first stage may hold the embedding"));
   plan.stages[0].embedding = true;
+  Plan vocabulary = plan;  // the head alone on the last stage, no blocks: runs without interleaving
+  vocabulary.stages[0].layers = 4;
+  vocabulary.stages[1].first_layer = 4;
+  vocabulary.stages[1].layers = 0;
+  check_plan_runs(vocabulary, model);
   plan.schedule = ScheduleKind::kGPipe;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
               HasSubstr("schedule gpipe: h2 train runs 1F1B and interleaved 1F1B"));
