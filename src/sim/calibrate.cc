@@ -256,10 +256,11 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
         });
   }
   // Last, a chip's kernels (forward and backward, one factor): what remains of those times once the memory-bound
-  // kernels and the links are fitted.
+  // kernels and the links are fitted - on stages that hold blocks (the embedding or head alone says little of them).
+  const auto with_blocks = [](const StagePlan& s, size_t) { return s.layers > 0; };
   for (size_t ci = 0; ci < c.chips.size(); ++ci) {
     fit(
-        cat(c.chips[ci].name, " compute (forward + backward)"), stages_on(static_cast<int>(ci), all),
+        cat(c.chips[ci].name, " compute (forward + backward)"), stages_on(static_cast<int>(ci), with_blocks),
         [](const Classes& k) { return k.forward_s + k.backward_s; },
         [](const MeasuredStage& m) { return m.forward_s + m.backward_s; },
         [ci](Cluster& x, double k) {

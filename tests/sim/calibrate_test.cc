@@ -191,5 +191,28 @@ TEST(Calibrate, RecoversFiguresPlantedInASyntheticRun) {
   EXPECT_THAT(format_calibration(c), HasSubstr("Y compute (forward + backward): x0.6"));
 }
 
+// A stage that holds the embedding alone (no blocks) says nothing about its chip's blocks: its forward and
+// backward, measured twice as fast as predicted, leave that chip's compute alone (fitted from them, the figure
+// went to the clamp, x1000, and the next plan put every block on that chip).
+TEST(Calibrate, AStageWithoutBlocksDoesNotFitItsChipsCompute) {
+  const Cluster start = cluster_of(kCluster);
+  const TransformerShape model = testing_util::small_model(4);
+  const TrainSetup setup{.global_batch = 8, .zero1 = false, .micro_batches = {2}};
+  LayoutSpec spec;
+  spec.layout.micro_batch = 2;
+  spec.layout.stages = {{.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}};
+  spec.layers = {0, 4};
+  spec.recompute = {Recompute::kNone, Recompute::kNone};
+  const Plan plan = cost_layout(CostModel(start, model, setup), spec);
+  Plan faster = plan;
+  faster.stages[0].forward_s *= 0.5;
+  faster.stages[0].backward_s *= 0.5;
+  const MeasuredRun measured = read_measured_run(synthetic_trace(faster), plan, simulate(faster).step_s, "synthetic");
+  const Calibration c = calibrate(plan, start, measured);
+  EXPECT_EQ(c.cluster.chips[1].peak_tflops, start.chips[1].peak_tflops);
+  EXPECT_THAT(format_calibration(c), Not(HasSubstr("Y compute")));
+  EXPECT_NEAR(c.cluster.chips[2].peak_tflops / start.chips[2].peak_tflops, 1, 1e-3);  // Z's blocks ran as predicted
+}
+
 }  // namespace
 }  // namespace h2
