@@ -53,6 +53,12 @@ void warn_if_costed_otherwise(const Plan& plan, const TrainSetup& runs, const st
 
 }  // namespace
 
+PlannerOptions job_planner_options(const Cluster& cluster) {
+  PlannerOptions options;
+  for (const ChipType& c : cluster.chips) options.interleave = options.interleave && c.backend != "emu";
+  return options;
+}
+
 std::string costed_otherwise(const Plan& plan, const TrainSetup& runs) {
   const auto costed = [](Precision p, bool h2) {
     return p == Precision::kF32 ? std::string("f32") : cat("bf16 (", h2 ? "H2's runtime" : "published systems'", ")");
@@ -154,7 +160,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   }
   const CostModel costs(planned_on, in.shape, in.setup);
   if (files.plan.empty()) {
-    in.run.plan = plan_training(costs, PlannerOptions{});
+    in.run.plan = plan_training(costs, job_planner_options(planned_on));
     in.run.plan.model = files.model.empty() ? files.config : files.model;
   } else {
     in.run.plan = load_plan(files.plan);
@@ -188,7 +194,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     planned_on = planned_on.without_device(planned_on.chip_index(dead));
     ::unsetenv("H2_FAULT_KILL");  // a fault injected for the first run is not injected again
     left.emplace(planned_on, in.shape, in.setup);
-    Plan next = plan_training(*left, PlannerOptions{});
+    Plan next = plan_training(*left, job_planner_options(planned_on));
     next.model = in.run.plan.model;
     std::string from;
     int64_t from_step = 0;
@@ -222,9 +228,10 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
       summary["measured_step_s"].get<double>(), summary["measured_tokens_per_s"].get<double>(),
       summary["simulated_step_s"].get<double>(), ratio, summary["planned_tokens_per_s"].get<double>(), out_dir.c_str());
   if (files.plan.empty()) {  // a given plan was made elsewhere: its baselines are not this planner's to state
-    std::printf(
-        "predicted baselines:\n%s",
-        format_baselines(plan_baselines(left ? *left : costs, in.run.plan, PlannerOptions{}), in.run.plan).c_str());
+    std::printf("predicted baselines:\n%s",
+                format_baselines(plan_baselines(left ? *left : costs, in.run.plan, job_planner_options(planned_on)),
+                                 in.run.plan)
+                    .c_str());
   }
   return 0;
 }

@@ -33,6 +33,12 @@ struct ClusterJob {
 };
 ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume);
 
+// The search `h2 train --cluster` plans with: everything, except interleaved 1F1B where a chip type is emulated.
+// Emulated chips share this host's cores, so filling the pipeline's bubble does not make them faster: on 16
+// emulated devices (bench/run_emulated.sh, 2026-12-04) an interleaved plan predicted 3.65 s and measured 5.01 s,
+// where the 1F1B plan predicted 4.72 s and measured 5.03 s. An interleaved plan given with --plan runs.
+PlannerOptions job_planner_options(const Cluster& cluster);
+
 // A given plan (--plan) costed for another precision than the run's, or for bf16 as published systems hold it,
 // still runs, in the run's precision; its predicted memory and times are not the run's. What to tell the user,
 // after the plan file's name; empty when the plan was costed for what runs.

@@ -95,6 +95,17 @@ TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
               HasSubstr("chip type 'tpu' is not in cluster t"));
 }
 
+// h2 train --cluster's own search leaves interleaving out while any chip type is emulated (the emulated chips
+// share the host's cores, so a fuller pipeline does not run faster on them), and tries it otherwise.
+TEST(ClusterJobPlanner, InterleavesOnlyWithoutEmulatedChips) {
+  Cluster cluster = two_types(1, 1);
+  EXPECT_FALSE(job_planner_options(cluster).interleave);
+  cluster.chips[0].backend = "cpu";
+  EXPECT_FALSE(job_planner_options(cluster).interleave);
+  cluster.chips[1].backend = "cuda";
+  EXPECT_TRUE(job_planner_options(cluster).interleave);
+}
+
 TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
   const GptConfig model{.n_layer = 4, .n_head = 2, .n_embd = 32, .vocab_size = 64, .seq_len = 16};
   Plan plan;
