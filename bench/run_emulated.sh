@@ -1,8 +1,8 @@
 #!/bin/bash
 # Emulated clusters tell the truth (docs/pipeline.md, "Measured against simulated"): on emulated clusters of 4, 8
 # and 16 devices with models of 0.5M, 5M and 20M parameters, (1) h2 train --cluster --profile plans on the
-# profiled figures and runs; (2) h2 calibrate fits the figures to that run, h2 plan plans on the calibrated
-# file and h2 train runs that plan. Each run's measured step beside its simulated one (goal: within 10%).
+# profiled figures and runs; (2) h2 calibrate fits the figures to that run, and h2 train --cluster plans on the
+# calibrated file (its own search, as with the profile) and runs. Each run's measured step beside its simulated one (goal: within 10%).
 # Writes random token shards (vocabulary 1,024) so that the small models need no tokenizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,12 +40,10 @@ optim: {lr: 1.0e-3, warmup_steps: 2}
 train: {batch_size: $batch, seq_len: $seq, steps: $STEPS, log_every: 100, eval_every: 0, checkpoint_every: 0,
         out_dir: $dir/run}
 YAML
-  files=(--cluster "$cluster" --model "$dir/model.yaml" --train "$dir/setup.yaml" --config "$dir/train.yaml" --quiet)
-  "$H2" train "${files[@]}" --profile --set "train.out_dir=$dir/profiled" > "$dir/profiled.txt" 2>&1
+  files=(--model "$dir/model.yaml" --train "$dir/setup.yaml" --config "$dir/train.yaml" --quiet)
+  "$H2" train --cluster "$cluster" "${files[@]}" --profile --set "train.out_dir=$dir/profiled" > "$dir/profiled.txt" 2>&1
   "$H2" calibrate "$dir/profiled" --out "$dir/calibrated.yaml" > "$dir/calibrate.txt"
-  "$H2" plan --cluster "$dir/calibrated.yaml" --model "$dir/model.yaml" --train "$dir/setup.yaml" \
-    --out "$dir/calibrated_plan.json" > /dev/null
-  "$H2" train "${files[@]}" --plan "$dir/calibrated_plan.json" --set "train.out_dir=$dir/calibrated" \
+  "$H2" train --cluster "$dir/calibrated.yaml" "${files[@]}" --set "train.out_dir=$dir/calibrated" \
     > "$dir/calibrated.txt" 2>&1
   for run in profiled calibrated; do
     python3 - "$dir/$run" "$devices" "$run" <<'PY'
@@ -56,6 +54,8 @@ p = json.load(open(f"{d}/plan.json"))
 m = p["model"]
 params = 12 * m["hidden"] ** 2 * m["layers"] + m["vocab"] * m["hidden"] + m["seq_len"] * m["hidden"]
 stages = " | ".join(f'{x["chip"]} TP{x["tp"]}x{x["dp"]} {x["layers"]}L' for x in p["stages"])
+if p["chunks"] > 1:
+    stages += f', {p["chunks"]} chunks'
 print(f'{devices:>7}  {params / 1e6:5.2f}M  {figures:<10}  {stages:<42} {s["measured_step_s"]:9.3f}  '
       f'{s["simulated_step_s"]:11.3f}  {s["measured_over_simulated"]:.3f}')
 PY

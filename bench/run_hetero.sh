@@ -1,8 +1,9 @@
 #!/bin/bash
 # HeteroPP on the built-in emulated cluster, measured: the HeteroAuto plan, the uniform layer split of the same
-# devices, and each chip type alone, each trained for a few steps by `h2 train --cluster --plan`, against what
-# the simulator predicts for the same plan. ROUNDS (default 3) alternating rounds of all four, so that the host's
-# load falls on each alike; the table gives each figure's mean and min-max. Writes docs/pipeline_bench.md.
+# devices, and each chip type alone (planned as h2 train --cluster plans emulated chips: without interleaving),
+# each trained for a few steps by `h2 train --cluster --plan`, against what the simulator predicts for the same
+# plan. ROUNDS (default 3) alternating rounds of all four, so that the host's load falls on each alike; the
+# table gives each figure's mean and min-max. Writes docs/pipeline_bench.md.
 # Needs the sample data (scripts/setup.sh fetches it). STEPS (default 12) sets the steps per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,7 @@ runs=()
 for run in plan uniform fast slow; do
   baseline=()
   [ $run = plan ] || baseline=(--baseline $run)
-  if build/h2 plan --cluster $out/cluster.yaml --model $model --train $setup "${baseline[@]}" \
+  if build/h2 plan --no-interleave --cluster $out/cluster.yaml --model $model --train $setup "${baseline[@]}" \
     --out $out/$run.json > $out/$run.plan.txt 2>&1; then
     runs+=("$run")
   else

@@ -19,7 +19,7 @@ namespace {
 struct PlanCmd {
   std::string cluster = "examples/cluster_hetero1024.yaml", model = "examples/model_100b.yaml",
               train = "examples/train_100b.yaml", out, baseline, layout;
-  bool compare = false;
+  bool compare = false, no_interleave = false;
   double budget = 5;
   int threads = 0;
 };
@@ -41,6 +41,7 @@ int run_plan(const PlanCmd& o) {
   const CostModel costs(in.cluster, in.model, in.train);
   if (!o.layout.empty()) return run_layout(o, in, costs);
   PlannerOptions options;
+  options.interleave = !o.no_interleave;
   options.time_budget_s = o.budget;
   options.threads = o.threads;
   SearchStats stats;
@@ -135,6 +136,9 @@ void register_plan(CLI::App& app, Command& selected) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   pl->add_option("--search-threads", o->threads, "search threads (0: one per core)")->capture_default_str();
+  pl->add_flag("--no-interleave", o->no_interleave,
+               "leave interleaved 1F1B out of the search (h2 train --cluster does on emulated chips, which share the "
+               "host's cores)");
   pl->add_option("--layout", o->layout,
                  "cost this layout as given instead of searching (stages, TP, DP, layers, recomputation, "
                  "micro-batch, schedule; docs/planner.md)")

@@ -172,6 +172,21 @@ TEST(CliPlan, PlanSimulateAndBadInput) {
   EXPECT_THAT(run_h2("simulate /nonexistent/plan.json").output, HasSubstr("/nonexistent/plan.json: cannot open"));
 }
 
+// The catalog example's best plan is interleaved (docs/planner.md); --no-interleave plans 1F1B, as h2 train
+// --cluster does on emulated chips.
+TEST(CliPlan, NoInterleaveLeavesInterleavingOut) {
+  const std::string ex = std::string(H2_SOURCE_DIR) + "/examples/";
+  const std::string cluster =
+      ex + "cluster_catalog1024.yaml --model " + ex + "model_100b.yaml --train " + ex + "train_100b.yaml";
+  const Result all = run_h2("plan --cluster " + cluster);
+  ASSERT_EQ(all.status, 0) << all.output;
+  EXPECT_THAT(all.output, HasSubstr(", interleaved ("));
+  const Result without = run_h2("plan --no-interleave --cluster " + cluster);
+  ASSERT_EQ(without.status, 0) << without.output;
+  EXPECT_THAT(without.output, Not(HasSubstr("interleaved")));
+  EXPECT_THAT(without.output, HasSubstr("per pipeline, 1f1b"));
+}
+
 // What does this layout cost: h2 plan --layout writes the layout's plan; h2 simulate re-costs a plan with other
 // figures; a plan that contradicts itself is refused naming the field.
 TEST(CliPlan, LayoutAndRecostingSimulation) {
