@@ -142,17 +142,24 @@ std::string synthetic_trace(const Plan& truth) {
   return nlohmann::json{{"traceEvents", events}}.dump();
 }
 
+// `stages` holding `layers` of a 4-layer model without recomputation, costed on `cluster` for a batch of 8 in
+// micro-batches of 2.
+Plan costed(const Cluster& cluster, const std::vector<Layout::Slot>& stages, const std::vector<int>& layers) {
+  LayoutSpec spec;
+  spec.layout.micro_batch = 2;
+  spec.layout.stages = stages;
+  spec.layers = layers;
+  spec.recompute.assign(stages.size(), Recompute::kNone);
+  const TrainSetup setup{.global_batch = 8, .zero1 = false, .micro_batches = {2}};
+  return cost_layout(CostModel(cluster, testing_util::small_model(4), setup), spec);
+}
+
 TEST(Calibrate, RecoversFiguresPlantedInASyntheticRun) {
   const Cluster start = cluster_of(kCluster);
   // Y (first stage, DP 2 with the embedding), Z (middle, DP 2 across its two nodes), X (last, TP 2 with the head).
-  const TransformerShape model = testing_util::small_model(4);
-  const TrainSetup setup{.global_batch = 8, .zero1 = false, .micro_batches = {2}};
-  LayoutSpec spec;
-  spec.layout.micro_batch = 2;
-  spec.layout.stages = {{.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}, {.chip = 0, .tp = 2, .dp = 1}};
-  spec.layers = {1, 2, 1};
-  spec.recompute = {Recompute::kNone, Recompute::kNone, Recompute::kNone};
-  const Plan plan = cost_layout(CostModel(start, model, setup), spec);
+  const std::vector<Layout::Slot> stages = {
+      {.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}, {.chip = 0, .tp = 2, .dp = 1}};
+  const Plan plan = costed(start, stages, {1, 2, 1});
   ASSERT_EQ(plan.stages.size(), 3u);
   ASSERT_GT(plan.stages[1].dp_allreduce_s, 0);
   ASSERT_GT(plan.stages[0].tied_allreduce_s, 0);
@@ -165,7 +172,7 @@ TEST(Calibrate, RecoversFiguresPlantedInASyntheticRun) {
   truth.groups[2].intra_node_gbps *= 0.25;
   truth.groups[2].nic_gbps *= 0.25;
   truth.links[0].bandwidth_gbps *= 0.1;
-  const Plan truth_plan = cost_layout(CostModel(truth, model, setup), spec);
+  const Plan truth_plan = costed(truth, stages, {1, 2, 1});
   const double truth_step = simulate(truth_plan).step_s;
 
   const MeasuredRun measured = read_measured_run(synthetic_trace(truth_plan), plan, truth_step, "synthetic");
@@ -196,14 +203,7 @@ TEST(Calibrate, RecoversFiguresPlantedInASyntheticRun) {
 // went to the clamp, x1000, and the next plan put every block on that chip).
 TEST(Calibrate, AStageWithoutBlocksDoesNotFitItsChipsCompute) {
   const Cluster start = cluster_of(kCluster);
-  const TransformerShape model = testing_util::small_model(4);
-  const TrainSetup setup{.global_batch = 8, .zero1 = false, .micro_batches = {2}};
-  LayoutSpec spec;
-  spec.layout.micro_batch = 2;
-  spec.layout.stages = {{.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}};
-  spec.layers = {0, 4};
-  spec.recompute = {Recompute::kNone, Recompute::kNone};
-  const Plan plan = cost_layout(CostModel(start, model, setup), spec);
+  const Plan plan = costed(start, {{.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}}, {0, 4});
   Plan faster = plan;
   faster.stages[0].forward_s *= 0.5;
   faster.stages[0].backward_s *= 0.5;
