@@ -201,6 +201,25 @@ StageMemory combine_chunks(const std::vector<StageMemory>& chunks) {
   return sum;
 }
 
+int chunk_layers(int stage_layers, int chunks, int chunk) {
+  return stage_layers * (chunk + 1) / chunks - stage_layers * chunk / chunks;
+}
+
+StageMemory chunked_stage_memory(const StageMemorySpec& spec, std::span<const int> chunk_in_flight) {
+  const int v = static_cast<int>(chunk_in_flight.size());
+  if (v <= 1) return stage_memory(spec);
+  std::vector<StageMemory> chunks;
+  for (int k = 0; k < v; ++k) {
+    StageMemorySpec s = spec;
+    s.layers = chunk_layers(static_cast<int>(spec.layers), v, k);
+    s.embedding = spec.embedding && k == 0;
+    s.head = spec.head && k == v - 1;
+    s.in_flight = chunk_in_flight[static_cast<size_t>(k)];
+    chunks.push_back(stage_memory(s));
+  }
+  return combine_chunks(chunks);
+}
+
 std::vector<double> stage_memory_terms(const StageMemory& m) {
   return {m.weights, m.grads, m.optimizer, m.activations, m.inputs, m.recompute, m.grad_scratch, m.comm};
 }

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -143,6 +144,13 @@ StageMemory stage_memory(const StageMemorySpec& spec);
 // A rank's chunks (interleaved 1F1B: a model per virtual stage) as one: their state and buffers summed, the per
 // micro-batch terms as the rank holds them (each chunk's times its own micro-batches in flight), in_flight 1.
 StageMemory combine_chunks(const std::vector<StageMemory>& chunks);
+// Interleaved 1F1B splits a stage's layers into near-equal chunks, the later ones the larger: chunk `chunk`'s share.
+int chunk_layers(int stage_layers, int chunks, int chunk);
+// What a device of a stage holds when it runs chunk_in_flight.size() chunks (a model per chunk, as the runtime
+// allocates them): spec's layers split by chunk_layers, the embedding with the first chunk, the head with the
+// last, chunk k keeping chunk_in_flight[k] micro-batches in flight; combine_chunks of their stage_memory. With
+// fewer than two chunks, stage_memory(spec).
+StageMemory chunked_stage_memory(const StageMemorySpec& spec, std::span<const int> chunk_in_flight);
 
 // The terms in a fixed order with their names (reports, and for sending as numbers).
 inline constexpr const char* kStageMemoryTerms[] = {"weights", "grads",     "optimizer",    "activations",

@@ -354,24 +354,25 @@ nlohmann::json RankTraining::memory_report() const {
 StageMemory RankTraining::predicted_memory(int rank) const {
   const StageLayout::Place p = layout_.place(rank);
   const StagePlan& s = plan_.stages[static_cast<size_t>(p.stage)];
-  std::vector<StageMemory> chunks;
+  std::vector<int> chunk_in_flight;
   for (int c = 0; c < plan_.chunks; ++c) {
-    const int vs = c * layout_.num_stages() + p.stage;
-    const ChunkLayers& v = virtual_stages_[static_cast<size_t>(vs)];
-    chunks.push_back(stage_memory({.shape = plan_.shape,
-                                   .embedding = v.embedding,
-                                   .head = v.head,
-                                   .layers = v.layers,
-                                   .rows = layout_.stages[static_cast<size_t>(p.stage)].rows_of(p.replica, rows_),
-                                   .seq = T_,
-                                   .tp = s.tp,
-                                   .tp_rank = p.t,
-                                   .optimizer_shards = run_.zero1 ? s.dp : 1,
-                                   .recompute = s.group_of(p.replica).recompute,
-                                   .in_flight = max_in_flight(schedule_, p.stage, vs),
-                                   .bytes = ElementBytes::of(c_.precision)}));
+    chunk_in_flight.push_back(max_in_flight(schedule_, p.stage, c * layout_.num_stages() + p.stage));
   }
-  return combine_chunks(chunks);
+  // combine_chunks: the per-micro-batch terms times the micro-batches in flight, as the rank holds them.
+  return combine_chunks(
+      {chunked_stage_memory({.shape = plan_.shape,
+                             .embedding = s.embedding,
+                             .head = s.head,
+                             .layers = s.layers,
+                             .rows = layout_.stages[static_cast<size_t>(p.stage)].rows_of(p.replica, rows_),
+                             .seq = T_,
+                             .tp = s.tp,
+                             .tp_rank = p.t,
+                             .optimizer_shards = run_.zero1 ? s.dp : 1,
+                             .recompute = s.group_of(p.replica).recompute,
+                             .in_flight = chunk_in_flight.front(),
+                             .bytes = ElementBytes::of(c_.precision)},
+                            chunk_in_flight)});
 }
 
 void RankTraining::print_memory() const {

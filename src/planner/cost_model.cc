@@ -193,10 +193,10 @@ double CostModel::optimizer_s(int chip, int dp, double params_per_device, int te
          (2.0 * tensors + 1) * c.kernel_overhead_us * 1e-6;
 }
 
-StageMemory CostModel::stage_memory(StageMemorySpec spec) const {
+StageMemory CostModel::stage_memory(StageMemorySpec spec, std::span<const int> chunk_in_flight) const {
   spec.shape = model_;
   spec.bytes = k_.bytes;
-  return h2::stage_memory(spec);
+  return chunked_stage_memory(spec, chunk_in_flight);
 }
 
 double CostModel::usable_bytes(int chip) const {

@@ -81,8 +81,9 @@ class CostModel {
   double optimizer_s(int chip, int dp, double params_per_device, int tensors) const;
   double flops_rate(int chip) const;  // the chip's achievable matmul rate in this setup's precision
 
-  // --- memory, bytes per device: model/costs.h's stage_memory in this setup's element sizes ---
-  StageMemory stage_memory(StageMemorySpec spec) const;
+  // --- memory, bytes per device: model/costs.h's stage_memory in this setup's element sizes; interleaved, the
+  // sum over the device's chunks as the runtime allocates them (chunked_stage_memory) ---
+  StageMemory stage_memory(StageMemorySpec spec, std::span<const int> chunk_in_flight = {}) const;
   double usable_bytes(int chip) const;  // capacity less the workspace
 
   // --- helpers ---

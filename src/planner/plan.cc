@@ -371,10 +371,6 @@ void check_plan(const Plan& p, const std::string& source) {
   }
 }
 
-int chunk_layers(int stage_layers, int chunks, int chunk) {
-  return stage_layers * (chunk + 1) / chunks - stage_layers * chunk / chunks;
-}
-
 std::vector<ChunkLayers> virtual_stages(const Plan& plan) {
   const int p = static_cast<int>(plan.stages.size()), v = plan.chunks;
   std::vector<ChunkLayers> out(static_cast<size_t>(p * v));

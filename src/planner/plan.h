@@ -102,7 +102,6 @@ struct ChunkLayers {
   int first_layer = 0, layers = 0;
   bool embedding = false, head = false;
 };
-int chunk_layers(int stage_layers, int chunks, int chunk);  // chunk `chunk`'s share of a stage's layers
 std::vector<ChunkLayers> virtual_stages(const Plan& plan);  // per virtual stage
 
 // The plan's schedule replayed with its stages' times (schedule/replay.h): a rank's stage time split evenly over

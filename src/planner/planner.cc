@@ -74,24 +74,6 @@ struct StageTerms {
   static constexpr double kRoundingBytes = 4096;  // ZeRO-1's rounded-up shards
 };
 
-// What a device of the stage holds with `spec`'s layers and recomputation: model/costs.h's stage_memory, or,
-// interleaved, the sum over its chunks as the runtime allocates them (a model per chunk with its own buffers, each
-// chunk's activations for its own micro-batches in flight; combine_chunks). Its total() is the device's bytes.
-StageMemory device_memory(const CostModel& c, const StageTerms& t, const StageMemorySpec& spec) {
-  const int v = static_cast<int>(t.chunk_in_flight.size());
-  if (v <= 1) return c.stage_memory(spec);
-  std::vector<StageMemory> chunks;
-  for (int k = 0; k < v; ++k) {
-    StageMemorySpec s = spec;
-    s.layers = chunk_layers(spec.layers, v, k);
-    s.embedding = spec.embedding && k == 0;
-    s.head = spec.head && k == v - 1;
-    s.in_flight = t.chunk_in_flight[static_cast<size_t>(k)];
-    chunks.push_back(c.stage_memory(s));
-  }
-  return combine_chunks(chunks);
-}
-
 // A stage's embedding or head work and its memory terms, given its chip, TP, rows, replicas, place and chunks.
 void fill_memory(const CostModel& c, StageTerms& t) {
   if (t.embedding) {
@@ -115,9 +97,9 @@ void fill_memory(const CostModel& c, StageTerms& t) {
     StageMemorySpec spec = t.spec;
     spec.recompute = r;
     spec.layers = v;
-    const StageMemory one = device_memory(c, t, spec);
+    const StageMemory one = c.stage_memory(spec, t.chunk_in_flight);
     spec.layers = 2 * v;
-    const StageMemory two = device_memory(c, t, spec);
+    const StageMemory two = c.stage_memory(spec, t.chunk_in_flight);
     const int k = static_cast<int>(r);
     t.per_layer_bytes[k] = (two.total() - one.total()) / v;
     t.fixed_bytes[k] = one.total() - v * t.per_layer_bytes[k];
@@ -125,7 +107,7 @@ void fill_memory(const CostModel& c, StageTerms& t) {
   }
   StageMemorySpec empty = t.spec;
   empty.layers = 0;
-  t.empty_bytes = device_memory(c, t, empty).total();
+  t.empty_bytes = c.stage_memory(empty, t.chunk_in_flight).total();
 }
 
 std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
@@ -294,7 +276,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
       StageMemorySpec spec = share.spec;
       spec.layers = n;
       spec.recompute = recompute;
-      const StageMemory memory = device_memory(c, share, spec);
+      const StageMemory memory = c.stage_memory(spec, share.chunk_in_flight);
       const double total = memory.total();
       if (total > share.usable_bytes && failure != nullptr) {
         failure->shortfall_bytes = total - share.usable_bytes;

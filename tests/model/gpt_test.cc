@@ -87,6 +87,38 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
             total_params(kTiny.shape()));
 }
 
+// An interleaved stage of 5 blocks in 2 chunks is, by hand, a model of the embedding and blocks 0-1 keeping 3
+// micro-batches in flight and one of blocks 2-4 and the head keeping 2: chunked_stage_memory counts what those two
+// models allocate, in f32 and bf16, with and without recomputation.
+TEST(Gpt, ChunkedStageMemoryIsWhatItsChunksModelsAllocate) {
+  const GptConfig five{.n_layer = 5, .n_head = 2, .n_embd = 8, .vocab_size = 11, .seq_len = 6};
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  const int B = 2, T = 6;
+  const int in_flight[] = {3, 2};
+  for (Precision precision : {Precision::kF32, Precision::kBf16}) {
+    for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+      const size_t before = dev->mem_used_bytes();
+      Gpt first(five, *dev, GptRange{true, 0, 2, false}, B, T, {}, ActivationPolicy{r, 3, precision});
+      Gpt second(five, *dev, GptRange{false, 2, 5, true}, B, T, {}, ActivationPolicy{r, 2, precision});
+      const ElementBytes bytes = ElementBytes::of(precision);
+      const StageMemory m = chunked_stage_memory({.shape = five.shape(),
+                                                  .embedding = true,
+                                                  .head = true,
+                                                  .layers = 5,
+                                                  .rows = B,
+                                                  .seq = T,
+                                                  .recompute = r,
+                                                  .bytes = bytes},
+                                                 in_flight);
+      const double params = static_cast<double>(first.num_params() + second.num_params());
+      EXPECT_DOUBLE_EQ(static_cast<double>(dev->mem_used_bytes() - before),
+                       m.weights + params * bytes.master + m.grads + m.activations + m.recompute + m.grad_scratch)
+          << recompute_name(r) << ", " << precision_name(precision);
+      EXPECT_EQ(m.in_flight, 1);  // the chunks' in-flight counts are in the terms
+    }
+  }
+}
+
 // L(theta) along a random direction d: (L(theta + e d) - L(theta - e d)) / 2e must equal <grad, d>.
 TEST(Gpt, GradientMatchesFiniteDifferences) {
   auto dev = create_device(DeviceSpec{.backend = "ref"});
