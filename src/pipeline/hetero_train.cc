@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "core/clock.h"
 #include "core/file.h"
 #include "core/format.h"
+#include "core/hash.h"
 #include "device/registry.h"
 #include "model/dataset.h"
 #include "pipeline/runtime.h"
@@ -111,12 +113,40 @@ DeviceSpec device_spec_of(const Cluster& cluster, const std::string& chip, int i
   const EmuProfile emu = emu_profile_of(cluster, chip);  // checks the chip type exists
   const ChipType& c = cluster.chips[static_cast<size_t>(cluster.chip_index(chip))];
   if (c.backend == "emu") return DeviceSpec{.backend = "emu", .index = index, .emu = emu};
-  return DeviceSpec{.backend = c.backend,
-                    .index = c.backend == "cuda" ? 0 : index,
-                    .mem_capacity_bytes = static_cast<size_t>(c.memory_bytes())};
+  return DeviceSpec{.backend = c.backend, .index = index, .mem_capacity_bytes = static_cast<size_t>(c.memory_bytes())};
+}
+
+std::vector<int> gpu_ordinals(const std::vector<uint64_t>& hosts, const std::vector<bool>& gpu) {
+  std::vector<int> out(hosts.size(), -1);
+  std::map<uint64_t, int> taken;  // per host, its GPUs given so far
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    if (gpu[r]) out[r] = taken[hosts[r]]++;
+  }
+  return out;
 }
 
 namespace {
+
+// Byte counts from every rank, exactly: each as two f32 that hold their parts exactly, whole MiB and the bytes
+// below a MiB (to 16 TiB).
+std::vector<std::vector<double>> gather_bytes(Communicator& world, const std::vector<double>& mine) {
+  std::vector<float> parts;
+  for (double b : mine) {
+    const auto bytes = static_cast<uint64_t>(b);
+    parts.push_back(static_cast<float>(bytes >> 20));
+    parts.push_back(static_cast<float>(bytes & ((uint64_t{1} << 20) - 1)));
+  }
+  std::vector<float> all(parts.size() * static_cast<size_t>(world.size()));
+  world.all_gather(all.data(), parts.data(), parts.size(), DType::kF32);
+  std::vector<std::vector<double>> out(static_cast<size_t>(world.size()));
+  for (size_t r = 0; r < out.size(); ++r) {
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const float* p = &all[r * parts.size() + 2 * i];
+      out[r].push_back(double{p[0]} * 1048576.0 + double{p[1]});
+    }
+  }
+  return out;
+}
 
 // One rank's training, in the phases run_rank calls in order: join (the stage's communicators), build the stage
 // (its device and its range of the model), load the data, restore a checkpoint, the training loop, and finish
@@ -128,6 +158,7 @@ class RankTraining {
         c_(run.config),
         plan_(run.plan),
         world_(*job.world),
+        host_(job.host),
         quiet_(quiet),
         layout_(stage_layout_of(plan_)),
         rank_(world_.rank()),
@@ -150,6 +181,7 @@ class RankTraining {
 
  private:
   void build_stage();
+  int device_index();  // this rank's GPU (gpu_ordinals) on a cuda chip type, else the rank (a collective if any GPU)
   void save(int64_t done);
   float evaluate();
   void record_step(int64_t step, float loss, double lr, double dt);
@@ -168,6 +200,8 @@ class RankTraining {
   const TrainConfig& c_;
   const Plan& plan_;
   Communicator& world_;
+  std::string host_;
+  std::string gpu_context_;  // on a GPU rank: which of its host's GPUs it takes, for errors
   const bool quiet_;
   const StageLayout layout_;
   const int rank_;
@@ -192,10 +226,39 @@ class RankTraining {
   std::ofstream metrics_;
 };
 
+int RankTraining::device_index() {
+  std::vector<bool> gpu;
+  for (int r = 0; r < world_.size(); ++r) {
+    const StageLayout::Place p = layout_.place(r);
+    const std::string chip = plan_.stages[static_cast<size_t>(p.stage)].group_of(p.replica).chip;
+    const int type = run_.cluster.chip_index(chip);
+    gpu.push_back(type >= 0 && run_.cluster.chips[static_cast<size_t>(type)].backend == "cuda");
+  }
+  if (std::find(gpu.begin(), gpu.end(), true) == gpu.end()) return rank_;
+  // Every rank's host, as 40 bits of a hash of its id (exact in gather_bytes).
+  std::vector<uint64_t> hosts;
+  for (const auto& h : gather_bytes(world_, {static_cast<double>(fnv1a(host_) & ((uint64_t{1} << 40) - 1))})) {
+    hosts.push_back(static_cast<uint64_t>(h[0]));
+  }
+  if (!gpu[static_cast<size_t>(rank_)]) return rank_;
+  const std::vector<int> ordinals = gpu_ordinals(hosts, gpu);
+  const int mine = ordinals[static_cast<size_t>(rank_)];
+  int on_host = 0;
+  for (size_t r = 0; r < hosts.size(); ++r) on_host += hosts[r] == hosts[static_cast<size_t>(rank_)] && gpu[r];
+  gpu_context_ = cat("rank ", rank_, " is GPU rank ", mine, " of the ", on_host, " the plan puts on host '", host_,
+                     "' (one GPU each; launch fewer ranks of a cuda chip type per host if it has fewer GPUs): ");
+  return mine;
+}
+
 void RankTraining::build_stage() {
   // A stage whose replicas mix chip types: this replica's type.
   const ReplicaGroup group = stage_.group_of(place_.replica);
-  device_ = create_device(device_spec_of(run_.cluster, group.chip, rank_));
+  const int index = device_index();
+  try {
+    device_ = create_device(device_spec_of(run_.cluster, group.chip, index));
+  } catch (const Error& e) {
+    throw Error(e.code(), gpu_context_ + e.what());
+  }
   for (int c = 0; c < plan_.chunks; ++c) {
     const int vs = c * layout_.num_stages() + place_.stage;
     const ChunkLayers& v = virtual_stages_[static_cast<size_t>(vs)];
@@ -286,27 +349,6 @@ float RankTraining::evaluate() {
     sum += StageRunner::evaluate(chunks_, M_, [this](auto&&... a) { take_rows(a...); });
   }
   return static_cast<float>(sum / batches);
-}
-
-// Byte counts from every rank, exactly: each as two f32 that hold their parts exactly, whole MiB and the bytes
-// below a MiB (to 16 TiB).
-std::vector<std::vector<double>> gather_bytes(Communicator& world, const std::vector<double>& mine) {
-  std::vector<float> parts;
-  for (double b : mine) {
-    const auto bytes = static_cast<uint64_t>(b);
-    parts.push_back(static_cast<float>(bytes >> 20));
-    parts.push_back(static_cast<float>(bytes & ((uint64_t{1} << 20) - 1)));
-  }
-  std::vector<float> all(parts.size() * static_cast<size_t>(world.size()));
-  world.all_gather(all.data(), parts.data(), parts.size(), DType::kF32);
-  std::vector<std::vector<double>> out(static_cast<size_t>(world.size()));
-  for (size_t r = 0; r < out.size(); ++r) {
-    for (size_t i = 0; i < mine.size(); ++i) {
-      const float* p = &all[r * parts.size() + 2 * i];
-      out[r].push_back(double{p[0]} * 1048576.0 + double{p[1]});
-    }
-  }
-  return out;
 }
 
 void RankTraining::gather_memory() {

@@ -54,9 +54,13 @@ GptConfig gpt_config_of(const TransformerShape& shape);
 EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int host_cores = 0);
 
 // The device a rank of chip type `chip` runs on, by the type's backend: its emulation (emu_profile_of), this
-// host's cores (cpu), or the host's first GPU (cuda: one GPU rank per host is what a plan may place), each with
-// the chip's memory as its capacity. `index` numbers it (the rank).
+// host's cores (cpu), or a GPU of this host (cuda), each with the chip's memory as its capacity. `index` numbers
+// it: the rank, or for cuda the GPU (gpu_ordinals).
 DeviceSpec device_spec_of(const Cluster& cluster, const std::string& chip, int index);
+
+// The GPU of each rank whose device is one (gpu[r]): such ranks take their host's GPUs in rank order, the k-th of
+// them on a host GPU k; -1 for the other ranks. hosts: each rank's host, as any id equal on one host only.
+std::vector<int> gpu_ordinals(const std::vector<uint64_t>& hosts, const std::vector<bool>& gpu);
 
 struct RankOutcome {
   int64_t steps_done = 0;

@@ -97,6 +97,15 @@ TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
 
 // h2 train --cluster's own search leaves interleaving out while any chip type is emulated (the emulated chips
 // share the host's cores, so a fuller pipeline does not run faster on them), and tries it otherwise.
+// Ranks 0-4 on hosts a, a, b, a, b; ranks 0, 2, 3 and 4 on GPUs: host a's GPU ranks 0 and 3 take its GPUs 0 and 1,
+// host b's 2 and 4 its GPUs 0 and 1, rank 1 (on the CPU) none.
+TEST(ClusterJobDevices, GpuRanksTakeTheirHostsGpusInRankOrder) {
+  EXPECT_EQ(gpu_ordinals({7, 7, 9, 7, 9}, {true, false, true, true, true}), (std::vector<int>{0, -1, 0, 1, 1}));
+  EXPECT_EQ(gpu_ordinals({7, 7}, {false, false}), (std::vector<int>{-1, -1}));
+  // A cuda chip type's device is the GPU it is given, the others numbered by the rank.
+  EXPECT_EQ(device_spec_of(two_types(1, 1), "slow", 3).index, 3);
+}
+
 TEST(ClusterJobPlanner, InterleavesOnlyWithoutEmulatedChips) {
   Cluster cluster = two_types(1, 1);
   EXPECT_FALSE(job_planner_options(cluster).interleave);
