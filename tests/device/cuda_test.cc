@@ -1,14 +1,17 @@
 // The cuda backend (built when CMake finds the CUDA toolkit). Without a GPU every test that needs one reports
 // itself skipped ("no CUDA device"), which CTest shows as Skipped, never as a pass; the error a user gets without
 // one is checked here either way.
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
 
+#include "core/rng.h"
 #include "device/cuda/device.h"
 #include "device/registry.h"
 #include "ops/conformance.h"
 #include "ops/kernels.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -80,6 +83,42 @@ TEST(Cuda, AllocationsPastTheCapacityFail) {
   Tensor ok = gpu->empty(DType::kF32, Shape{1 << 17});  // 512 KiB
   EXPECT_THAT(error_of([&] { gpu->empty(DType::kF32, Shape{1 << 18}); }, ErrorCode::kOutOfMemory),
               HasSubstr("out of memory on device cuda:0"));
+}
+
+// The bias goes into cuBLASLt's epilogue when it is 16-byte aligned and is added by a kernel otherwise (a view one
+// element into its buffer); f32 and bf16, both against the ref backend's out = inp W^T + bias.
+TEST(Cuda, MatmulAddsAnAlignedOrUnalignedBias) {
+  H2_REQUIRE_GPU();
+  auto reference = create_device(DeviceSpec{.backend = "ref"});
+  auto gpu = create_device(DeviceSpec{.backend = "cuda"});
+  const int64_t N = 33, C = 64, OC = 48;
+  Rng rng(5);
+  const auto random = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = static_cast<float>(rng.normal());
+    return v;
+  };
+  const std::vector<float> inp = random(N * C), weight = random(OC * C), bias = random(OC + 1);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t first : {0, 1}) {
+      std::vector<float> want(static_cast<size_t>(N * OC)), got(want.size());
+      for (auto [device, result] : {std::pair{reference.get(), &want}, {gpu.get(), &got}}) {
+        Tensor x = device->empty(DType::kF32, Shape{N, C}), w = device->empty(DType::kF32, Shape{OC, C});
+        Tensor b = device->empty(DType::kF32, Shape{OC + 1}), out = device->empty(DType::kF32, Shape{N, OC});
+        copy_from_host(x, inp.data());
+        copy_from_host(w, weight.data());
+        copy_from_host(b, bias.data());
+        Tensor xd = device->empty(dtype, Shape{N, C}), wd = device->empty(dtype, Shape{OC, C});
+        ops::convert(xd, x);
+        ops::convert(wd, w);
+        ops::matmul_forward(out, xd, wd, b.slice(first, first + OC));
+        copy_to_host(result->data(), out);
+      }
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i]))) << dtype_name(dtype) << ", bias from " << first;
+      }
+    }
+  }
 }
 
 // The conformance suite of `h2 check ops`: every op in f32 and bf16 against the ref backend, with its tolerances.

@@ -1,11 +1,14 @@
 // The `cuda` device: one CUDA stream per device as its in-order queue (device.h's synchronisation model), a cuBLAS
-// handle on that stream, cudaMalloc'd memory counted against the GPU's capacity, pinned staging buffers from a pool.
+// handle on that stream and a cuBLASLt handle, stream-ordered memory (cudaMallocAsync from the GPU's pool, which
+// keeps what is freed for reuse) counted against the GPU's capacity, pinned staging buffers from a pool.
 #include "device/cuda/device.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/error.h"
 #include "device/staging_pool.h"
@@ -18,8 +21,16 @@ class CudaDevice final : public Device {
  public:
   CudaDevice(DeviceProps props, int ordinal) : Device(std::move(props)), ordinal_(ordinal) {
     select();
+    // Freed memory stays in the GPU's pool for the next allocation instead of going back to the driver at each
+    // synchronisation (the pool's default), so that allocating a step's temporaries costs no driver call.
+    cudaMemPool_t pool = nullptr;
+    check(cudaDeviceGetDefaultMemPool(&pool, ordinal_), "cudaDeviceGetDefaultMemPool");
+    uint64_t keep_all = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all), "cudaMemPoolSetAttribute");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS || cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS) {
+    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS || cublasSetStream(blas_, stream_) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtCreate(&blas_lt_) != CUBLAS_STATUS_SUCCESS) {
+      if (blas_ != nullptr) cublasDestroy(blas_);
       cudaStreamDestroy(stream_);
       throw Error(ErrorCode::kInternal, cat("cuBLAS could not start on ", name()));
     }
@@ -27,6 +38,7 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(stream_);
+    cublasLtDestroy(blas_lt_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -35,7 +47,7 @@ class CudaDevice final : public Device {
 
   void launch(const char* op_name, uint64_t /*shape_key*/, const std::function<void()>& kernel) override {
     select();
-    CudaQueueScope scope(CudaQueue{.stream = stream_, .blas = blas_});
+    CudaQueueScope scope(CudaQueue{.stream = stream_, .blas = blas_, .blas_lt = blas_lt_});
     try {
       kernel();
     } catch (const Error& e) {
@@ -74,24 +86,25 @@ class CudaDevice final : public Device {
   std::shared_ptr<char> host_staging(size_t bytes) override { return staging_.take(bytes); }
 
  protected:
+  // Stream-ordered: the memory is usable by work queued after the allocation, and a free takes effect once the
+  // work queued before it has run, so neither waits for the GPU.
   void* raw_allocate(size_t bytes) override {
     select();
     void* ptr = nullptr;
-    const cudaError_t status = cudaMalloc(&ptr, std::max<size_t>(bytes, 1));
+    const cudaError_t status = cudaMallocAsync(&ptr, std::max<size_t>(bytes, 1), stream_);
     if (status == cudaErrorMemoryAllocation) {
       cudaGetLastError();  // clear it
       throw Error(ErrorCode::kOutOfMemory,
-                  cat("out of memory on device ", name(), ": cudaMalloc refused ", format_bytes(bytes),
+                  cat("out of memory on device ", name(), ": cudaMallocAsync refused ", format_bytes(bytes),
                       " although the device's capacity allowed it "
                       "(another process may be using the GPU; see nvidia-smi)"));
     }
-    check(status, "cudaMalloc");
+    check(status, "cudaMallocAsync");
     return ptr;
   }
   void raw_free(void* ptr) override {
     cudaSetDevice(ordinal_);
-    cudaStreamSynchronize(stream_);  // a kernel still queued may use it
-    cudaFree(ptr);
+    cudaFreeAsync(ptr, stream_);
   }
 
  private:
@@ -111,6 +124,7 @@ class CudaDevice final : public Device {
   int ordinal_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  cublasLtHandle_t blas_lt_ = nullptr;
   StagingPool staging_{[this](size_t bytes) { return pinned(bytes); }, [](char* p) { cudaFreeHost(p); },
                        kStagingReserve};
 };

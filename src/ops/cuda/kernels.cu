@@ -1,11 +1,15 @@
-// The cuda backend's kernels (see kernels.h). Correct first, fast second: matmul is cuBLAS's; attention is one
-// thread block per query row (scores, softmax and P·V in shared memory), not a fused flash kernel; reductions use
-// atomics. docs/devices.md says what has been run on a GPU and what has not.
+// The cuda backend's kernels (see kernels.h). Correct first, fast second: matmul is cuBLAS's (cuBLASLt with the bias
+// in its epilogue); attention is cuBLAS batched GEMMs around a softmax kernel, not a fused flash kernel (the
+// interface stores the probabilities); reductions use atomics. docs/devices.md says what has run on a GPU.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "ops/cuda/kernels.h"
@@ -23,6 +27,10 @@ cublasHandle_t blas() {
   H2_CHECK(current_queue.blas != nullptr) << "a cuda kernel was called outside its device's launch()";
   return static_cast<cublasHandle_t>(current_queue.blas);
 }
+cublasLtHandle_t blas_lt() {
+  H2_CHECK(current_queue.blas_lt != nullptr) << "a cuda kernel was called outside its device's launch()";
+  return static_cast<cublasLtHandle_t>(current_queue.blas_lt);
+}
 
 void check_blas(cublasStatus_t status, const char* call) {
   if (status != CUBLAS_STATUS_SUCCESS) {
@@ -31,7 +39,7 @@ void check_blas(cublasStatus_t status, const char* call) {
 }
 
 constexpr int kThreads = 256;     // element-wise kernels and per-row kernels
-constexpr int kRowThreads = 128;  // attention: one block per query row
+constexpr int kRowThreads = 128;  // attention's softmax: one block per query row
 constexpr int64_t kMaxBlocks = 65535;
 
 // bf16 storage is bf16_t (uint16_t), as on the host; the same rounding as core/dtype.h's f32_to_bf16.
@@ -121,106 +129,50 @@ __global__ void layernorm_backward_kernel(float* dinp, float* dweight, float* db
   }
 }
 
-// --- attention: one block per (query t, head h, batch b) ---
+// --- attention: cuBLAS batched GEMMs around a softmax kernel (row-major matrices are column-major to cuBLAS) ---
 
+// The row's probabilities from its scores: att[t2] = softmax(scores[0..t])[t2] for t2 <= t, 0 after (the causal
+// mask); one block per (query t, head h). `scores` may be `att` itself (f32): each thread reads and then writes
+// the same elements.
 template <typename T>
-__global__ void attention_forward_kernel(T* out, T* att, const T* qkv, int T_, int C, int NH) {
-  extern __shared__ float p[];  // the row's scores, then probabilities, [0, t]
-  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hs = C / NH;
-  const int64_t C3 = int64_t{3} * C;
-  const float scale = rsqrtf(static_cast<float>(hs));
-  const int64_t q = (int64_t{b} * T_ + t) * C3 + int64_t{h} * hs;
+__global__ void softmax_rows_kernel(T* att, const float* scores, int T_) {
+  const int t = blockIdx.x;
+  const int64_t row = (int64_t{blockIdx.y} * T_ + t) * T_;
+  const float* x = scores + row;
   float local_max = -INFINITY;
-  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-    const int64_t k = (int64_t{b} * T_ + t2) * C3 + C + int64_t{h} * hs;
-    float dot = 0.0f;
-    for (int i = 0; i < hs; ++i) dot += load(qkv, q + i) * load(qkv, k + i);
-    p[t2] = dot * scale;
-    local_max = fmaxf(local_max, dot * scale);
-  }
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) local_max = fmaxf(local_max, x[t2]);
   const float max = block_reduce<true>(local_max);
   float local_sum = 0.0f;
-  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-    p[t2] = expf(p[t2] - max);
-    local_sum += p[t2];
-  }
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) local_sum += expf(x[t2] - max);
   const float sum = block_reduce<false>(local_sum);
-  T* a = att + ((int64_t{b} * NH + h) * T_ + t) * T_;
-  for (int t2 = threadIdx.x; t2 < T_; t2 += blockDim.x) {
-    if (t2 > t) {
-      store(a, t2, 0.0f);
-      continue;
-    }
-    store(a, t2, p[t2] / sum);
-    p[t2] = load(a, t2);  // P as stored (rounded in bf16) weighs V, so that backward uses what forward used
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < hs; i += blockDim.x) {
-    float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += p[t2] * load(qkv, (int64_t{b} * T_ + t2) * C3 + 2 * C + int64_t{h} * hs + i);
-    store(out, (int64_t{b} * T_ + t) * C + int64_t{h} * hs + i, acc);
-  }
+  for (int t2 = threadIdx.x; t2 < T_; t2 += blockDim.x) store(att + row, t2, t2 <= t ? expf(x[t2] - max) / sum : 0.0f);
 }
 
-// dqkv must be zero: dK and dV accumulate over the query rows with atomics; each block owns its row of dQ.
-template <typename T>
-__global__ void attention_backward_kernel(float* dqkv, const float* dout, const T* qkv, const T* att, int T_, int C,
-                                          int NH) {
-  extern __shared__ float ds[];  // dP, then dS, [0, t]
-  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hs = C / NH;
-  const int64_t C3 = int64_t{3} * C;
-  const float scale = rsqrtf(static_cast<float>(hs));
-  const T* a = att + ((int64_t{b} * NH + h) * T_ + t) * T_;
-  const float* dy = dout + (int64_t{b} * T_ + t) * C + int64_t{h} * hs;
-  const int64_t q = (int64_t{b} * T_ + t) * C3 + int64_t{h} * hs;
-  auto row = [&](int t2, int part) { return (int64_t{b} * T_ + t2) * C3 + int64_t{part} * C + int64_t{h} * hs; };
+// dS = P * (dP - rowsum(P * dP)) * scale in place of dP, 0 past the diagonal; one block per (query t, head h).
+__global__ void softmax_backward_rows_kernel(float* dp, const float* att, int T_, float scale) {
+  const int t = blockIdx.x;
+  const int64_t row = (int64_t{blockIdx.y} * T_ + t) * T_;
   float local = 0.0f;
-  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) {
-    float d = 0.0f;
-    for (int i = 0; i < hs; ++i) d += dy[i] * load(qkv, row(t2, 2) + i);
-    ds[t2] = d;
-    local += load(a, t2) * d;
-  }
+  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) local += att[row + t2] * dp[row + t2];
   const float sum = block_reduce<false>(local);
-  for (int t2 = threadIdx.x; t2 <= t; t2 += blockDim.x) ds[t2] = load(a, t2) * (ds[t2] - sum) * scale;
-  __syncthreads();
-  const int64_t pairs = int64_t{t + 1} * hs;
-  for (int64_t j = threadIdx.x; j < pairs; j += blockDim.x) {
-    const int t2 = static_cast<int>(j / hs), i = static_cast<int>(j % hs);
-    atomicAdd(&dqkv[row(t2, 2) + i], load(a, t2) * dy[i]);        // dV
-    atomicAdd(&dqkv[row(t2, 1) + i], ds[t2] * load(qkv, q + i));  // dK
-  }
-  for (int i = threadIdx.x; i < hs; i += blockDim.x) {
-    float acc = 0.0f;
-    for (int t2 = 0; t2 <= t; ++t2) acc += ds[t2] * load(qkv, row(t2, 1) + i);
-    dqkv[q + i] = acc;  // dQ
-  }
+  for (int t2 = threadIdx.x; t2 < T_; t2 += blockDim.x)
+    dp[row + t2] = t2 <= t ? att[row + t2] * (dp[row + t2] - sum) * scale : 0.0f;
 }
 
-void check_shared(int T, const char* op) {
-  if (static_cast<size_t>(T) * sizeof(float) > 48 * 1024) {
-    throw Error(ErrorCode::kUnsupported, cat(op, ": sequence length ", T,
-                                             " needs more than 48 KiB of shared memory per row in the cuda backend's "
-                                             "attention kernel; use T <= 12288"));
-  }
+// One GEMM per head of a sequence: C_h = alpha op(A_h) op(B_h), the heads `stride_*` elements apart.
+void gemm_heads(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, float alpha, const void* A,
+                int lda, int64_t stride_a, const void* B, int ldb, int64_t stride_b, void* C, int ldc, int64_t stride_c,
+                int heads, cudaDataType_t ab_type, cudaDataType_t c_type) {
+  const float beta = 0.0f;
+  check_blas(cublasGemmStridedBatchedEx(blas(), op_a, op_b, m, n, k, &alpha, A, ab_type, lda, stride_a, B, ab_type, ldb,
+                                        stride_b, &beta, C, c_type, ldc, stride_c, heads, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT),
+             "cublasGemmStridedBatchedEx");
 }
 
 template <typename T>
-void attention_forward_impl(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
-  if (int64_t{B} * T_ == 0) return;
-  check_shared(T_, "attention_forward");
-  attention_forward_kernel<T><<<dim3(T_, NH, B), kRowThreads, T_ * sizeof(float), stream()>>>(out, att, qkv, T_, C, NH);
-  check_cuda(cudaGetLastError(), "attention_forward_kernel");
-}
-
-template <typename T>
-void attention_backward_impl(float* dqkv, const float* dout, const T* qkv, const T* att, int B, int T_, int C, int NH) {
-  if (int64_t{B} * T_ == 0) return;
-  check_shared(T_, "attention_backward");
-  check_cuda(cudaMemsetAsync(dqkv, 0, int64_t{B} * T_ * 3 * C * sizeof(float), stream()), "cudaMemsetAsync");
-  attention_backward_kernel<T>
-      <<<dim3(T_, NH, B), kRowThreads, T_ * sizeof(float), stream()>>>(dqkv, dout, qkv, att, T_, C, NH);
-  check_cuda(cudaGetLastError(), "attention_backward_kernel");
+constexpr cudaDataType_t cuda_type() {
+  return sizeof(T) == 2 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
 // --- cross-entropy: one block per row ---
@@ -323,6 +275,34 @@ void gemm(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, c
              "cublasGemmEx");
 }
 
+// The largest power of two up to 256 that divides the address: cuBLASLt assumes 256-byte aligned matrices unless
+// told otherwise, and a weight may be a view into a flat parameter buffer.
+uint32_t alignment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+// cuBLASLt's descriptors for one call, destroyed with it.
+struct LtCall {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  LtCall() = default;
+  LtCall(const LtCall&) = delete;
+  LtCall& operator=(const LtCall&) = delete;
+  ~LtCall() {
+    if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
+    if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+constexpr size_t kLtWorkspace = size_t{32} << 20;  // what cuBLAS recommends for Hopper
+
 // A stream-ordered scratch buffer, freed when the stream reaches the free.
 class Scratch {
  public:
@@ -341,9 +321,156 @@ class Scratch {
   void* ptr_ = nullptr;
 };
 
+// out (N, OC) = inp W^T + bias in one cuBLASLt call, the bias added in the GEMM's epilogue (inp and weight of
+// `dtype`, out and bias f32). False, having done nothing, when cuBLASLt has no algorithm for these shapes and
+// alignments (the bias must be 16-byte aligned); the caller then adds the bias with a kernel. The algorithm cuBLASLt
+// picks is kept per shape, alignment and thread (a thread drives one device at a time).
+bool matmul_bias_lt(float* out, const void* inp, const void* weight, const float* bias, int64_t N, int C, int OC,
+                    cudaDataType_t dtype) {
+  if (alignment(bias) < 16 || N == 0) return false;
+  const auto transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  const auto epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const auto bias_type = CUDA_R_32F;
+  LtCall call;
+  check_blas(cublasLtMatmulDescCreate(&call.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  const auto set = [&](cublasLtMatmulDescAttributes_t attribute, const void* value, size_t bytes) {
+    check_blas(cublasLtMatmulDescSetAttribute(call.op, attribute, value, bytes), "cublasLtMatmulDescSetAttribute");
+  };
+  set(CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose));
+  set(CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep));
+  set(CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
+  set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+  // Column-major, as in gemm(): out^T (OC x N) = W (C x OC stored, transposed) inp^T (C x N stored).
+  check_blas(cublasLtMatrixLayoutCreate(&call.a, dtype, C, OC, C), "cublasLtMatrixLayoutCreate");
+  check_blas(cublasLtMatrixLayoutCreate(&call.b, dtype, C, static_cast<uint64_t>(N), C), "cublasLtMatrixLayoutCreate");
+  check_blas(cublasLtMatrixLayoutCreate(&call.d, CUDA_R_32F, OC, static_cast<uint64_t>(N), OC),
+             "cublasLtMatrixLayoutCreate");
+  const std::array<int64_t, 9> key = {reinterpret_cast<int64_t>(blas_lt()),
+                                      N,
+                                      C,
+                                      OC,
+                                      static_cast<int64_t>(dtype),
+                                      alignment(inp),
+                                      alignment(weight),
+                                      alignment(out),
+                                      0};
+  thread_local std::map<std::array<int64_t, 9>, std::optional<cublasLtMatmulAlgo_t>> algorithms;
+  auto found = algorithms.find(key);
+  if (found == algorithms.end()) {
+    check_blas(cublasLtMatmulPreferenceCreate(&call.preference), "cublasLtMatmulPreferenceCreate");
+    const auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
+      check_blas(cublasLtMatmulPreferenceSetAttribute(call.preference, attribute, &value, sizeof(value)),
+                 "cublasLtMatmulPreferenceSetAttribute");
+    };
+    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kLtWorkspace));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(weight));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(inp));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(out));
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(out));
+    cublasLtMatmulHeuristicResult_t result{};
+    int count = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(blas_lt(), call.op, call.a, call.b, call.d, call.d,
+                                                                 call.preference, 1, &result, &count);
+    std::optional<cublasLtMatmulAlgo_t> algorithm;
+    if (status == CUBLAS_STATUS_SUCCESS && count > 0) algorithm = result.algo;
+    found = algorithms.emplace(key, algorithm).first;
+  }
+  if (!found->second) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  Scratch workspace(kLtWorkspace);
+  check_blas(cublasLtMatmul(blas_lt(), call.op, &alpha, weight, call.a, inp, call.b, &beta, out, call.d, out, call.d,
+                            &*found->second, workspace.as<void>(), kLtWorkspace, stream()),
+             "cublasLtMatmul");
+  return true;
+}
+
 template <typename T>
 void convert_to(T* out, const float* inp, int64_t N) {
   elementwise("convert", N, [=] __device__(int64_t i) { store(out, i, inp[i]); });
+}
+void widen_to(float* out, const uint16_t* inp, int64_t N) {
+  elementwise("convert", N, [=] __device__(int64_t i) { out[i] = widen(inp[i]); });
+}
+
+// Per sequence b and head h, Q_h, K_h, V_h are (T, hs) with rows 3C apart in qkv, the heads hs apart; att_h is
+// (T, T). Forward: S_h = scale Q_h K_h^T in f32, P_h = softmax(S_h) under the causal mask, stored as T (rounded in
+// bf16), then out_h = P_h V_h with P as stored, so that backward uses what forward used. The GEMMs compute the
+// masked half too (zeros of P), as the reference's sums skip it.
+template <typename T>
+void attention_forward_impl(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
+  if (int64_t{B} * T_ == 0) return;
+  const int hs = C / NH, C3 = 3 * C;
+  const int64_t square = int64_t{T_} * T_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // f32 probabilities are computed in place; bf16 ones from f32 scores of one sequence at a time.
+  std::optional<Scratch> scores;
+  if constexpr (sizeof(T) == 2) scores.emplace(static_cast<size_t>(NH * square) * sizeof(float));
+  for (int b = 0; b < B; ++b) {
+    const T* q = qkv + int64_t{b} * T_ * C3;
+    T* a = att + int64_t{b} * NH * square;
+    float* s = scores ? scores->as<float>() : reinterpret_cast<float*>(a);
+    // S_h^T (T x T, column-major) = K_h Q_h^T: A = K stored (hs x T), transposed; B = Q stored (hs x T).
+    gemm_heads(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, scale, q + C, C3, hs, q, C3, hs, s, T_, square, NH, cuda_type<T>(),
+               CUDA_R_32F);
+    softmax_rows_kernel<T><<<dim3(T_, NH), kRowThreads, 0, stream()>>>(a, s, T_);
+    check_cuda(cudaGetLastError(), "softmax_rows_kernel");
+    // out_h^T (hs x T) = V_h^T P_h^T: A = V stored (hs x T); B = P stored (as P^T).
+    gemm_heads(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, q + 2 * C, C3, hs, a, T_, square, out + int64_t{b} * T_ * C,
+               C, hs, NH, cuda_type<T>(), cuda_type<T>());
+  }
+}
+
+// Backward, per sequence: dP_h = dout_h V_h^T; dS_h = P_h * (dP_h - rowsum(P_h * dP_h)) * scale; dQ_h = dS_h K_h,
+// dK_h = dS_h^T Q_h, dV_h = P_h^T dout_h. The gradients are f32 and so is their arithmetic: with bf16 qkv and att,
+// both are widened to f32 first (the interface's bf16 backward keeps dout in f32, at f32 tolerance).
+template <typename T>
+void attention_backward_impl(float* dqkv, const float* dout, const T* qkv, const T* att, int B, int T_, int C, int NH) {
+  if (int64_t{B} * T_ == 0) return;
+  const int hs = C / NH, C3 = 3 * C;
+  const int64_t square = int64_t{T_} * T_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  std::optional<Scratch> wide_qkv, wide_att;
+  const float* x = reinterpret_cast<const float*>(qkv);
+  if constexpr (sizeof(T) == 2) {
+    wide_qkv.emplace(static_cast<size_t>(int64_t{B} * T_ * C3) * sizeof(float));
+    widen_to(wide_qkv->as<float>(), reinterpret_cast<const uint16_t*>(qkv), int64_t{B} * T_ * C3);
+    wide_att.emplace(static_cast<size_t>(NH * square) * sizeof(float));
+    x = wide_qkv->as<float>();
+  }
+  Scratch dp(static_cast<size_t>(NH * square) * sizeof(float));
+  for (int b = 0; b < B; ++b) {
+    const float* q = x + int64_t{b} * T_ * C3;
+    const float* dy = dout + int64_t{b} * T_ * C;
+    float* dq = dqkv + int64_t{b} * T_ * C3;
+    const float* p = reinterpret_cast<const float*>(att + int64_t{b} * NH * square);
+    if constexpr (sizeof(T) == 2) {
+      widen_to(wide_att->as<float>(), reinterpret_cast<const uint16_t*>(att + int64_t{b} * NH * square), NH * square);
+      p = wide_att->as<float>();
+    }
+    // dP_h^T (T x T) = V_h dout_h^T: A = V stored (hs x T), transposed; B = dout stored (hs x T).
+    gemm_heads(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f, q + 2 * C, C3, hs, dy, C, hs, dp.as<float>(), T_, square, NH,
+               CUDA_R_32F, CUDA_R_32F);
+    softmax_backward_rows_kernel<<<dim3(T_, NH), kRowThreads, 0, stream()>>>(dp.as<float>(), p, T_, scale);
+    check_cuda(cudaGetLastError(), "softmax_backward_rows_kernel");
+    // dQ_h^T (hs x T) = K_h^T dS_h^T: A = K stored; B = dS stored (as dS^T).
+    gemm_heads(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, q + C, C3, hs, dp.as<float>(), T_, square, dq, C3, hs, NH,
+               CUDA_R_32F, CUDA_R_32F);
+    // dK_h^T (hs x T) = Q_h^T dS_h: A = Q stored; B = dS stored, transposed.
+    gemm_heads(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, q, C3, hs, dp.as<float>(), T_, square, dq + C, C3, hs, NH,
+               CUDA_R_32F, CUDA_R_32F);
+    // dV_h^T (hs x T) = dout_h^T P_h: A = dout stored; B = P stored, transposed.
+    gemm_heads(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, dy, C, hs, p, T_, square, dq + 2 * C, C3, hs, NH, CUDA_R_32F,
+               CUDA_R_32F);
+  }
+}
+
+// out (N,OC) = inp W^T + bias: the bias in cuBLASLt's epilogue where it can, else cuBLAS and a bias kernel.
+void forward(float* out, const void* inp, const void* weight, const float* bias, int64_t N, int C, int OC,
+             cudaDataType_t dtype) {
+  if (bias != nullptr && matmul_bias_lt(out, inp, weight, bias, N, C, OC, dtype)) return;
+  gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, static_cast<int>(N), C, weight, C, inp, C, 0.0f, out, OC, dtype);
+  bias_add(out, bias, N, OC);
 }
 
 // dinp (N,C) = dout W: dinp^T = W^T dout^T; dweight (OC,C) += dout^T inp: dweight^T += inp^T dout.
@@ -413,13 +540,11 @@ class CudaKernels final : public Kernels {
   }
   void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int C,
                       int OC) const override {
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, static_cast<int>(N), C, weight, C, inp, C, 0.0f, out, OC, CUDA_R_32F);
-    bias_add(out, bias, N, OC);
+    forward(out, inp, weight, bias, N, C, OC, CUDA_R_32F);
   }
   void matmul_forward_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N, int C,
                            int OC) const override {
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, static_cast<int>(N), C, weight, C, inp, C, 0.0f, out, OC, CUDA_R_16BF);
-    bias_add(out, bias, N, OC);
+    forward(out, inp, weight, bias, N, C, OC, CUDA_R_16BF);
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                        const float* weight, int64_t N, int C, int OC) const override {
@@ -513,9 +638,7 @@ class CudaKernels final : public Kernels {
     } else if (out_dtype == DType::kBF16) {
       convert_to(static_cast<uint16_t*>(out), static_cast<const float*>(inp), N);
     } else {
-      const uint16_t* in = static_cast<const uint16_t*>(inp);
-      float* o = static_cast<float*>(out);
-      elementwise("convert", N, [=] __device__(int64_t i) { o[i] = widen(in[i]); });
+      widen_to(static_cast<float*>(out), static_cast<const uint16_t*>(inp), N);
     }
   }
 };

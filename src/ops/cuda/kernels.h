@@ -1,7 +1,9 @@
 // The `cuda` backend's kernels (docs/devices.md, "The cuda backend"): every op of the operator interface in f32 and
-// bf16, matmul on cuBLAS, the rest as CUDA kernels. Built only when CMake finds the CUDA toolkit (H2_CUDA).
+// bf16, matmul on cuBLAS and cuBLASLt, attention's products on cuBLAS, the rest as CUDA kernels. Built only when
+// CMake finds the CUDA toolkit (H2_CUDA).
 //
-// The kernels run on the queue of the device that launches them: a CUDA stream and a cuBLAS handle bound to it.
+// The kernels run on the queue of the device that launches them: a CUDA stream, a cuBLAS handle bound to it and a
+// cuBLASLt handle (whose calls name the stream).
 // One Kernels instance serves every device, so the cuda device sets its queue for the calling thread around each
 // launch (CudaQueueScope); a kernel called outside a launch is a bug (checked).
 #pragma once
@@ -16,6 +18,7 @@ namespace h2 {
 struct CudaQueue {
   void* stream = nullptr;
   void* blas = nullptr;
+  void* blas_lt = nullptr;  // cublasLtHandle_t
 };
 
 class CudaQueueScope {
