@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "ops/cuda/attention_gemms.h"
 #include "ops/cuda/kernels.h"
 
 namespace h2 {
@@ -159,14 +160,40 @@ __global__ void softmax_backward_rows_kernel(float* dp, const float* att, int T_
     dp[row + t2] = t2 <= t ? att[row + t2] * (dp[row + t2] - sum) * scale : 0.0f;
 }
 
-// One GEMM per head of a sequence: C_h = alpha op(A_h) op(B_h), the heads `stride_*` elements apart.
-void gemm_heads(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, float alpha, const void* A,
-                int lda, int64_t stride_a, const void* B, int ldb, int64_t stride_b, void* C, int ldc, int64_t stride_c,
-                int heads, cudaDataType_t ab_type, cudaDataType_t c_type) {
+// One sequence's buffers for attention_gemms' operands, with their element sizes.
+struct SequenceBuffers {
+  const void* qkv = nullptr;
+  const void* out = nullptr;  // out, or in backward dout
+  void* square = nullptr;     // scores or probabilities
+  size_t qkv_size = 4, out_size = 4, square_size = 4;
+  float* dqkv = nullptr;
+  float* grad = nullptr;
+  const char* at(const GemmOperand& o) const {
+    const auto base = [&](const void* p, size_t size) { return static_cast<const char*>(p) + o.offset * size; };
+    switch (o.buffer) {
+      case AttentionBuffer::kQkv:
+        return base(qkv, qkv_size);
+      case AttentionBuffer::kOut:
+        return base(out, out_size);
+      case AttentionBuffer::kSquare:
+        return base(square, square_size);
+      case AttentionBuffer::kDqkv:
+        return base(dqkv, 4);
+      case AttentionBuffer::kGrad:
+        return base(grad, 4);
+    }
+    return nullptr;
+  }
+};
+
+// One of attention_gemms' products for every head of a sequence (inputs of ab_type, output of c_type).
+void run_gemm(const HeadGemm& g, const SequenceBuffers& s, int heads, cudaDataType_t ab_type, cudaDataType_t c_type) {
   const float beta = 0.0f;
-  check_blas(cublasGemmStridedBatchedEx(blas(), op_a, op_b, m, n, k, &alpha, A, ab_type, lda, stride_a, B, ab_type, ldb,
-                                        stride_b, &beta, C, c_type, ldc, stride_c, heads, CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT),
+  check_blas(cublasGemmStridedBatchedEx(blas(), g.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        g.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &g.alpha, s.at(g.a),
+                                        ab_type, g.a.ld, g.a.stride, s.at(g.b), ab_type, g.b.ld, g.b.stride, &beta,
+                                        const_cast<char*>(s.at(g.c)), c_type, g.c.ld, g.c.stride, heads,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              "cublasGemmStridedBatchedEx");
 }
 
@@ -393,75 +420,65 @@ void widen_to(float* out, const uint16_t* inp, int64_t N) {
   elementwise("convert", N, [=] __device__(int64_t i) { out[i] = widen(inp[i]); });
 }
 
-// Per sequence b and head h, Q_h, K_h, V_h are (T, hs) with rows 3C apart in qkv, the heads hs apart; att_h is
-// (T, T). Forward: S_h = scale Q_h K_h^T in f32, P_h = softmax(S_h) under the causal mask, stored as T (rounded in
-// bf16), then out_h = P_h V_h with P as stored, so that backward uses what forward used. The GEMMs compute the
-// masked half too (zeros of P), as the reference's sums skip it.
+// attention_gemms' products per sequence, around the softmax kernels. Forward: the scores in f32 (in place of the
+// probabilities in f32, in a scratch buffer in bf16), the probabilities stored as T (rounded in bf16) and used as
+// stored for P V, so that backward uses what forward used. The GEMMs compute the masked half too (zeros of P).
 template <typename T>
 void attention_forward_impl(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
   if (int64_t{B} * T_ == 0) return;
-  const int hs = C / NH, C3 = 3 * C;
+  const AttentionGemms g = attention_gemms(T_, C, NH);
   const int64_t square = int64_t{T_} * T_;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // f32 probabilities are computed in place; bf16 ones from f32 scores of one sequence at a time.
   std::optional<Scratch> scores;
   if constexpr (sizeof(T) == 2) scores.emplace(static_cast<size_t>(NH * square) * sizeof(float));
   for (int b = 0; b < B; ++b) {
-    const T* q = qkv + int64_t{b} * T_ * C3;
     T* a = att + int64_t{b} * NH * square;
-    float* s = scores ? scores->as<float>() : reinterpret_cast<float*>(a);
-    // S_h^T (T x T, column-major) = K_h Q_h^T: A = K stored (hs x T), transposed; B = Q stored (hs x T).
-    gemm_heads(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, scale, q + C, C3, hs, q, C3, hs, s, T_, square, NH, cuda_type<T>(),
-               CUDA_R_32F);
-    softmax_rows_kernel<T><<<dim3(T_, NH), kRowThreads, 0, stream()>>>(a, s, T_);
+    SequenceBuffers s{.qkv = qkv + int64_t{b} * T_ * 3 * C,
+                      .out = out + int64_t{b} * T_ * C,
+                      .square = scores ? scores->as<void>() : a,
+                      .qkv_size = sizeof(T),
+                      .out_size = sizeof(T)};
+    run_gemm(g.scores, s, NH, cuda_type<T>(), CUDA_R_32F);
+    softmax_rows_kernel<T><<<dim3(T_, NH), kRowThreads, 0, stream()>>>(a, static_cast<const float*>(s.square), T_);
     check_cuda(cudaGetLastError(), "softmax_rows_kernel");
-    // out_h^T (hs x T) = V_h^T P_h^T: A = V stored (hs x T); B = P stored (as P^T).
-    gemm_heads(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, q + 2 * C, C3, hs, a, T_, square, out + int64_t{b} * T_ * C,
-               C, hs, NH, cuda_type<T>(), cuda_type<T>());
+    s.square = a;
+    s.square_size = sizeof(T);
+    run_gemm(g.values, s, NH, cuda_type<T>(), cuda_type<T>());
   }
 }
 
-// Backward, per sequence: dP_h = dout_h V_h^T; dS_h = P_h * (dP_h - rowsum(P_h * dP_h)) * scale; dQ_h = dS_h K_h,
-// dK_h = dS_h^T Q_h, dV_h = P_h^T dout_h. The gradients are f32 and so is their arithmetic: with bf16 qkv and att,
-// both are widened to f32 first (the interface's bf16 backward keeps dout in f32, at f32 tolerance).
+// Backward in f32: the gradients are f32, and with bf16 qkv and att both are widened to f32 first (the interface's
+// bf16 backward keeps dout in f32, at f32 tolerance).
 template <typename T>
 void attention_backward_impl(float* dqkv, const float* dout, const T* qkv, const T* att, int B, int T_, int C, int NH) {
   if (int64_t{B} * T_ == 0) return;
-  const int hs = C / NH, C3 = 3 * C;
-  const int64_t square = int64_t{T_} * T_;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const AttentionGemms g = attention_gemms(T_, C, NH);
+  const int64_t square = int64_t{T_} * T_, C3 = int64_t{3} * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(C / NH));
   std::optional<Scratch> wide_qkv, wide_att;
   const float* x = reinterpret_cast<const float*>(qkv);
   if constexpr (sizeof(T) == 2) {
-    wide_qkv.emplace(static_cast<size_t>(int64_t{B} * T_ * C3) * sizeof(float));
-    widen_to(wide_qkv->as<float>(), reinterpret_cast<const uint16_t*>(qkv), int64_t{B} * T_ * C3);
+    wide_qkv.emplace(static_cast<size_t>(B * T_ * C3) * sizeof(float));
+    widen_to(wide_qkv->as<float>(), reinterpret_cast<const uint16_t*>(qkv), B * T_ * C3);
     wide_att.emplace(static_cast<size_t>(NH * square) * sizeof(float));
     x = wide_qkv->as<float>();
   }
-  Scratch dp(static_cast<size_t>(NH * square) * sizeof(float));
+  Scratch grad(static_cast<size_t>(NH * square) * sizeof(float));
   for (int b = 0; b < B; ++b) {
-    const float* q = x + int64_t{b} * T_ * C3;
-    const float* dy = dout + int64_t{b} * T_ * C;
-    float* dq = dqkv + int64_t{b} * T_ * C3;
-    const float* p = reinterpret_cast<const float*>(att + int64_t{b} * NH * square);
+    const T* a = att + int64_t{b} * NH * square;
+    float* p = const_cast<float*>(reinterpret_cast<const float*>(a));
     if constexpr (sizeof(T) == 2) {
-      widen_to(wide_att->as<float>(), reinterpret_cast<const uint16_t*>(att + int64_t{b} * NH * square), NH * square);
+      widen_to(wide_att->as<float>(), reinterpret_cast<const uint16_t*>(a), NH * square);
       p = wide_att->as<float>();
     }
-    // dP_h^T (T x T) = V_h dout_h^T: A = V stored (hs x T), transposed; B = dout stored (hs x T).
-    gemm_heads(CUBLAS_OP_T, CUBLAS_OP_N, T_, T_, hs, 1.0f, q + 2 * C, C3, hs, dy, C, hs, dp.as<float>(), T_, square, NH,
-               CUDA_R_32F, CUDA_R_32F);
-    softmax_backward_rows_kernel<<<dim3(T_, NH), kRowThreads, 0, stream()>>>(dp.as<float>(), p, T_, scale);
+    const SequenceBuffers s{.qkv = x + b * T_ * C3,
+                            .out = dout + int64_t{b} * T_ * C,
+                            .square = p,
+                            .dqkv = dqkv + b * T_ * C3,
+                            .grad = grad.as<float>()};
+    run_gemm(g.grad_probs, s, NH, CUDA_R_32F, CUDA_R_32F);
+    softmax_backward_rows_kernel<<<dim3(T_, NH), kRowThreads, 0, stream()>>>(s.grad, p, T_, scale);
     check_cuda(cudaGetLastError(), "softmax_backward_rows_kernel");
-    // dQ_h^T (hs x T) = K_h^T dS_h^T: A = K stored; B = dS stored (as dS^T).
-    gemm_heads(CUBLAS_OP_N, CUBLAS_OP_N, hs, T_, T_, 1.0f, q + C, C3, hs, dp.as<float>(), T_, square, dq, C3, hs, NH,
-               CUDA_R_32F, CUDA_R_32F);
-    // dK_h^T (hs x T) = Q_h^T dS_h: A = Q stored; B = dS stored, transposed.
-    gemm_heads(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, q, C3, hs, dp.as<float>(), T_, square, dq + C, C3, hs, NH,
-               CUDA_R_32F, CUDA_R_32F);
-    // dV_h^T (hs x T) = dout_h^T P_h: A = dout stored; B = P stored, transposed.
-    gemm_heads(CUBLAS_OP_N, CUBLAS_OP_T, hs, T_, T_, 1.0f, dy, C, hs, p, T_, square, dq + 2 * C, C3, hs, NH, CUDA_R_32F,
-               CUDA_R_32F);
+    for (const HeadGemm* product : {&g.grad_q, &g.grad_k, &g.grad_v}) run_gemm(*product, s, NH, CUDA_R_32F, CUDA_R_32F);
   }
 }
 
