@@ -374,7 +374,7 @@ TEST(PipelineRuntime, ReplicasTakeUnevenSharesOfAMicroBatch) {
 // the second stage's first chunk feeds the first stage's second), one step's gradients and the curve with
 // clipping by the norm over every chunk of every rank are the single-device ones; each rank sends, per
 // micro-batch, three pieces of a whole (2 x 16 x 32) f32 activation (the first: F of 0 and 2, B of 2; the second:
-// F of 1, B of 1 and 3). Then with stages of different DP and TP, and ZeRO-1.
+// F of 1, B of 1 and 3). Then with stages of different DP and TP, and ZeRO-1; and with uneven shares of the rows.
 TEST(PipelineRuntime, InterleavedChunksFollowTheSingleDeviceCurve) {
   const PipelineCase pc{
       .stages = {{true, 0, 1, false}, {false, 1, 2, false}, {false, 2, 3, false}, {false, 3, 4, true}},
@@ -391,6 +391,13 @@ TEST(PipelineRuntime, InterleavedChunksFollowTheSingleDeviceCurve) {
   wide.shapes = {{2, 1}, {1, 2}};
   wide.zero1 = true;
   expect_same_curve(ref, pipelined(wide, 1.0));
+  // Replicas of different speeds with uneven shares of a micro-batch's 4 rows (3 + 1, then 1 + 2 + 1), across the
+  // boundary from the second stage's first chunk back to the first stage's second too.
+  PipelineCase uneven = pc;
+  uneven.shapes = {{2, 1, {3, 1}}, {3, 1, {1, 2, 1}}};
+  uneven.micro_batches = 2;
+  expect_same_curve(ref, pipelined(uneven, 1.0));
+  expect_same_grads(reference(0.0), pipelined(uneven, 0.0));
 }
 
 TEST(PipelineRuntime, GradientsMatchTheUnpipelinedModel) {
