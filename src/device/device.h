@@ -64,6 +64,9 @@ class Device {
   // Sets `bytes` bytes of device memory to zero.
   virtual void fill_zero(void* dst, size_t bytes);
   virtual void synchronize() {}
+  // Synchronises and starts an interval to be timed on its own: an emulated chip forgets the time it slept beyond
+  // what it owed, which later kernels would otherwise get back (measurements, not training).
+  virtual void start_interval() { synchronize(); }
   // `bytes` of host memory this device copies to and from fastest (pinned on a GPU; plain memory by default), for
   // buffers that stage its tensors; freed when the last owner lets go.
   virtual std::shared_ptr<char> host_staging(size_t bytes);

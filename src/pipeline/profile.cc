@@ -69,7 +69,11 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
            ActivationPolicy{.precision = precision});
   head.init(1);
   // The model's GEMMs (k -> n columns over N rows) at TP 1 and 2, and the attention core at both, in the precision
-  // the model keeps their inputs in (bf16: q/k/v, the probabilities and the output too; gpt.h).
+  // the model keeps their inputs in (bf16: q/k/v, the probabilities and the output too; gpt.h). The GEMMs also at
+  // 4 times the micro-batch's rows: a plan may give a replica more rows than one micro-batch (pipelines folded onto
+  // fewer replicas, larger micro-batches), a GEMM's rate rises with its rows (on this CPU the head's by a quarter
+  // from 1 to 4 sequences), and the curve holds its last point beyond it — measured: a slow-chip plan with 8 rows
+  // per replica ran 0.79 of its prediction from one-row figures, 0.96 with these.
   struct Gemm {
     Tensor in, w, out, din, dw;
     double flops;  // forward + backward
@@ -84,9 +88,11 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     return low;
   };
   for (int tp : {1, 2}) {
-    for (auto [k, n] : {std::pair{C, 3 * C / tp}, {C / tp, C}, {C, 4 * C / tp}, {4 * C / tp, C}, {C, V / tp}}) {
-      gemms.push_back({operand({N, k}, 1.0f), operand({n, k}, 0.02f), dev.empty(DType::kF32, {N, n}),
-                       dev.empty(DType::kF32, {N, k}), dev.zeros(DType::kF32, {n, k}), 6.0 * N * k * n});
+    for (int64_t rows : {N, 4 * N}) {
+      for (auto [k, n] : {std::pair{C, 3 * C / tp}, {C / tp, C}, {C, 4 * C / tp}, {4 * C / tp, C}, {C, V / tp}}) {
+        gemms.push_back({operand({rows, k}, 1.0f), operand({n, k}, 0.02f), dev.empty(DType::kF32, {rows, n}),
+                         dev.empty(DType::kF32, {rows, k}), dev.zeros(DType::kF32, {n, k}), 6.0 * rows * k * n});
+      }
     }
   }
   struct Attention {
@@ -109,7 +115,10 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   const int64_t n = head.num_params();
   const OptimizerState state{dev.zeros(DType::kF32, {n}), dev.zeros(DType::kF32, {n})};
   Tensor acc = dev.zeros(DType::kF32, {1});
+  // Each interval on its own (Device::start_interval): an emulated chip would otherwise give the next measurement
+  // back what its last sleep overran, which made small kernels look up to twice as fast after large ones.
   const auto timed = [&](const std::function<void()>& fn) {
+    dev.start_interval();
     const double t0 = monotonic_seconds();
     fn();
     dev.synchronize();

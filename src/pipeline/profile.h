@@ -4,7 +4,7 @@
 //
 // Per chip type (an emulated chip of that type here), with the cores each rank will get, the figures of the cost
 // model's kernel roofline (planner/cost_model.h): the fixed cost of a kernel (tiny kernels); the GEMM rate, from
-// the forward and backward of the model's GEMMs at the micro-batch size and at TP 1 and 2 (their FLOPs over
+// the forward and backward of the model's GEMMs at the micro-batch's rows and 4 times them, at TP 1 and 2 (FLOPs over
 // their time less their fixed costs); the attention core's rate likewise; and the optimizer step's rate (norm,
 // clipping, AdamW) as the memory bandwidth that makes the cost model's optimizer formula (40 bytes of traffic per
 // f32 parameter) true. A block's forward + backward and the head's are measured whole too, and printed beside what

@@ -61,6 +61,27 @@ TEST(Pacer, OversleepIsPaidBackByLaterKernels) {
   EXPECT_NEAR(pacer.debt_seconds(), -0.0005, 1e-12);
 }
 
+// A measurement starts without the credit of the sleep before it: the 0.5 ms kernel, which owes 0.5 ms, sleeps it
+// in full instead of taking it from the 1 ms the previous sleep overran (h2 profile's intervals; training keeps it).
+TEST(Pacer, AnIntervalTimedOnItsOwnForgetsTheCredit) {
+  FakeTime time;
+  time.oversleep = 0.001;
+  Pacer pacer = time.make(0.5, 0.0);
+  pacer.after_kernel(kKey, 0.002, 0.002);
+  EXPECT_NEAR(pacer.debt_seconds(), -0.001, 1e-12);
+  pacer.forget_credit();
+  EXPECT_EQ(pacer.debt_seconds(), 0.0);
+  pacer.after_kernel(kKey + 1, 0.0005, 0.0005);
+  pacer.flush();
+  ASSERT_EQ(time.sleeps.size(), 2u);
+  EXPECT_NEAR(time.sleeps[1], 0.0005, 1e-12);
+  // A debt is not forgotten.
+  pacer.forget_credit();
+  pacer.after_kernel(kKey + 2, 0.00005, 0.00005);  // owes 50 us, below the threshold: no sleep
+  pacer.forget_credit();
+  EXPECT_NEAR(pacer.debt_seconds(), 0.00005, 1e-12);
+}
+
 // A loaded host: the kernel's 10 ms of work took 15 ms of wall time because other ranks shared its core. A
 // half-speed chip takes 20 ms for it, so 5 ms remain to sleep, not 10: the kernel's time does not grow with the load.
 TEST(Pacer, TimeSlicesGivenToOtherRanksCountTowardTheChipsTime) {

@@ -66,6 +66,10 @@ class EmuDevice final : public Device {
     timed_copy(bytes, [&] { Device::fill_zero(dst, bytes); });
   }
   void synchronize() override { pacer_.flush(); }
+  void start_interval() override {
+    pacer_.flush();
+    pacer_.forget_credit();
+  }
 
  private:
   template <typename Fn>

@@ -67,6 +67,8 @@ class Pacer {
   void after_copy(size_t bytes, double host_seconds);
   // Pays the whole debt now.
   void flush();
+  // Drops any credit (time slept beyond the debt, which later kernels would otherwise get back).
+  void forget_credit() { debt_seconds_ = std::max(debt_seconds_, 0.0); }
   double debt_seconds() const { return debt_seconds_; }
 
  private:
