@@ -1,6 +1,7 @@
 // The cuda backend (built when CMake finds the CUDA toolkit). Without a GPU every test that needs one reports
 // itself skipped ("no CUDA device"), which CTest shows as Skipped, never as a pass; the error a user gets without
 // one is checked here either way.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -74,6 +75,24 @@ TEST(Cuda, CountsMemoryAndCopiesBothWays) {
   }
   EXPECT_EQ(gpu->mem_used_bytes(), 0u);
   EXPECT_EQ(gpu->mem_peak_bytes(), 12000u);
+}
+
+// Copies to the GPU return before the stream has run them (staged through pinned buffers, released by events): the
+// host overwrites its buffer at once, 50 times, and each copy is added on the GPU; the sum is the host's, by hand.
+TEST(Cuda, CopiesToTheGpuMayReuseTheHostBufferAtOnce) {
+  H2_REQUIRE_GPU();
+  auto gpu = create_device(DeviceSpec{.backend = "cuda"});
+  const int64_t n = 4096;
+  Tensor sum = gpu->zeros(DType::kF32, Shape{n}), x = gpu->empty(DType::kF32, Shape{n});
+  std::vector<float> host(static_cast<size_t>(n));
+  for (int k = 1; k <= 50; ++k) {
+    std::fill(host.begin(), host.end(), static_cast<float>(k));
+    copy_from_host(x, host.data());
+    ops::residual_forward(sum, sum, x);
+  }
+  std::vector<float> back(static_cast<size_t>(n));
+  copy_to_host(back.data(), sum);
+  EXPECT_EQ(back, std::vector<float>(static_cast<size_t>(n), 1275.0f));  // 1 + 2 + ... + 50
 }
 
 TEST(Cuda, AllocationsPastTheCapacityFail) {

@@ -9,6 +9,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <deque>
+#include <mutex>
 
 #include "core/error.h"
 #include "device/staging_pool.h"
@@ -38,6 +41,7 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(stream_);
+    release_staged(/*all=*/true);
     cublasLtDestroy(blas_lt_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -55,13 +59,29 @@ class CudaDevice final : public Device {
     }
   }
 
-  // Host memory handed to a copy may be reused as soon as the call returns, so copies to and from it wait for
-  // the stream; device-to-device copies and fills are ordered on it like kernels.
+  // Host memory handed to a copy may be reused as soon as the call returns. To the device, up to kStagedCopy
+  // bytes go first into a pinned staging buffer and then by DMA in stream order, so the host does not wait for the
+  // kernels queued before the copy; an event recorded after it tells when the buffer may serve again. Larger copies
+  // (checkpoints), and copies from the device (the host reads the result), wait for the stream. Device-to-device
+  // copies and fills are ordered on it like kernels.
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     select();
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (host to device)");
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    release_staged(/*all=*/false);
+    if (bytes > kStagedCopy) {
+      check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (host to device)");
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      return;
+    }
+    std::shared_ptr<char> staging = staging_.take(bytes);
+    std::memcpy(staging.get(), src, bytes);
+    check(cudaMemcpyAsync(dst, staging.get(), bytes, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync (host to device)");
+    cudaEvent_t passed = nullptr;
+    check(cudaEventCreateWithFlags(&passed, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventRecord(passed, stream_), "cudaEventRecord");
+    std::lock_guard<std::mutex> lock(staged_mutex_);
+    staged_.push_back({passed, std::move(staging)});
   }
   void copy_d2h(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -82,6 +102,7 @@ class CudaDevice final : public Device {
   void synchronize() override {
     select();
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    release_staged(/*all=*/true);
   }
   std::shared_ptr<char> host_staging(size_t bytes) override { return staging_.take(bytes); }
 
@@ -109,11 +130,25 @@ class CudaDevice final : public Device {
 
  private:
   void select() { check(cudaSetDevice(ordinal_), "cudaSetDevice"); }
+
+  // Returns to the pool the staging buffers of copies the stream has passed (all of them after a synchronisation);
+  // the stream runs in order, so the first copy not yet passed ends the search.
+  void release_staged(bool all) {
+    std::lock_guard<std::mutex> lock(staged_mutex_);
+    while (!staged_.empty()) {
+      const cudaError_t status = all ? cudaSuccess : cudaEventQuery(staged_.front().passed);
+      if (status == cudaErrorNotReady) return;
+      cudaEventDestroy(staged_.front().passed);
+      staged_.pop_front();
+      if (status != cudaSuccess) check(status, "cudaEventQuery");
+    }
+  }
   void check(cudaError_t status, const char* call) const { check_cuda(status, call, name()); }
 
   // Pinned memory takes milliseconds to allocate and free, and every staged pipeline send needs a buffer of its
   // own: freed buffers are kept for reuse, up to kStagingReserve.
   static constexpr size_t kStagingReserve = size_t{512} << 20;
+  static constexpr size_t kStagedCopy = size_t{64} << 20;
   char* pinned(size_t bytes) const {
     void* ptr = nullptr;
     // Portable: pinned for every GPU of the process, since a staging buffer may serve tensors of several.
@@ -127,6 +162,14 @@ class CudaDevice final : public Device {
   cublasLtHandle_t blas_lt_ = nullptr;
   StagingPool staging_{[this](size_t bytes) { return pinned(bytes); }, [](char* p) { cudaFreeHost(p); },
                        kStagingReserve};
+  // Copies to the device in flight: the event the stream reaches after each, and its staging buffer (declared
+  // after the pool, so destroyed before it).
+  struct Staged {
+    cudaEvent_t passed;
+    std::shared_ptr<char> buffer;
+  };
+  std::mutex staged_mutex_;
+  std::deque<Staged> staged_;
 };
 
 }  // namespace
