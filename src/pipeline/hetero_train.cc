@@ -181,7 +181,9 @@ class RankTraining {
 
  private:
   void build_stage();
-  int device_index();  // this rank's GPU (gpu_ordinals) on a cuda chip type, else the rank (a collective if any GPU)
+  // This rank's device of chip type `chip`: on a cuda type its host's GPU by gpu_ordinals, else numbered by the rank
+  // (a collective when any rank's type is cuda).
+  std::unique_ptr<Device> make_device(const std::string& chip);
   void save(int64_t done);
   float evaluate();
   void record_step(int64_t step, float loss, double lr, double dt);
@@ -201,7 +203,6 @@ class RankTraining {
   const Plan& plan_;
   Communicator& world_;
   std::string host_;
-  std::string gpu_context_;  // on a GPU rank: which of its host's GPUs it takes, for errors
   const bool quiet_;
   const StageLayout layout_;
   const int rank_;
@@ -226,7 +227,7 @@ class RankTraining {
   std::ofstream metrics_;
 };
 
-int RankTraining::device_index() {
+std::unique_ptr<Device> RankTraining::make_device(const std::string& chip) {
   std::vector<bool> gpu;
   for (int r = 0; r < world_.size(); ++r) {
     const StageLayout::Place p = layout_.place(r);
@@ -234,31 +235,32 @@ int RankTraining::device_index() {
     const int type = run_.cluster.chip_index(chip);
     gpu.push_back(type >= 0 && run_.cluster.chips[static_cast<size_t>(type)].backend == "cuda");
   }
-  if (std::find(gpu.begin(), gpu.end(), true) == gpu.end()) return rank_;
+  if (std::find(gpu.begin(), gpu.end(), true) == gpu.end())
+    return create_device(device_spec_of(run_.cluster, chip, rank_));
   // Every rank's host, as 40 bits of a hash of its id (exact in gather_bytes).
   std::vector<uint64_t> hosts;
   for (const auto& h : gather_bytes(world_, {static_cast<double>(fnv1a(host_) & ((uint64_t{1} << 40) - 1))})) {
     hosts.push_back(static_cast<uint64_t>(h[0]));
   }
-  if (!gpu[static_cast<size_t>(rank_)]) return rank_;
-  const std::vector<int> ordinals = gpu_ordinals(hosts, gpu);
-  const int mine = ordinals[static_cast<size_t>(rank_)];
-  int on_host = 0;
-  for (size_t r = 0; r < hosts.size(); ++r) on_host += hosts[r] == hosts[static_cast<size_t>(rank_)] && gpu[r];
-  gpu_context_ = cat("rank ", rank_, " is GPU rank ", mine, " of the ", on_host, " the plan puts on host '", host_,
-                     "' (one GPU each; launch fewer ranks of a cuda chip type per host if it has fewer GPUs): ");
-  return mine;
+  if (!gpu[static_cast<size_t>(rank_)]) return create_device(device_spec_of(run_.cluster, chip, rank_));
+  const int mine = gpu_ordinals(hosts, gpu)[static_cast<size_t>(rank_)];
+  try {
+    return create_device(device_spec_of(run_.cluster, chip, mine));
+  } catch (const Error& e) {
+    int on_host = 0;
+    for (size_t r = 0; r < hosts.size(); ++r) on_host += hosts[r] == hosts[static_cast<size_t>(rank_)] && gpu[r];
+    throw Error(e.code(),
+                cat("rank ", rank_, " is GPU rank ", mine, " of the ", on_host, " the plan puts on host '", host_,
+                    "' (one GPU each; launch fewer ranks of a cuda chip type per host if it has "
+                    "fewer GPUs): ",
+                    e.what()));
+  }
 }
 
 void RankTraining::build_stage() {
   // A stage whose replicas mix chip types: this replica's type.
   const ReplicaGroup group = stage_.group_of(place_.replica);
-  const int index = device_index();
-  try {
-    device_ = create_device(device_spec_of(run_.cluster, group.chip, index));
-  } catch (const Error& e) {
-    throw Error(e.code(), gpu_context_ + e.what());
-  }
+  device_ = make_device(group.chip);
   for (int c = 0; c < plan_.chunks; ++c) {
     const int vs = c * layout_.num_stages() + place_.stage;
     const ChunkLayers& v = virtual_stages_[static_cast<size_t>(vs)];

@@ -73,7 +73,8 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   // 4 times the micro-batch's rows: a plan may give a replica more rows than one micro-batch (pipelines folded onto
   // fewer replicas, larger micro-batches), a GEMM's rate rises with its rows (on this CPU the head's by a quarter
   // from 1 to 4 sequences), and the curve holds its last point beyond it — measured: a slow-chip plan with 8 rows
-  // per replica ran 0.79 of its prediction from one-row figures, 0.96 with these.
+  // per replica ran 0.83 of its prediction from one-row figures, 0.96 with these (alternating profiles,
+  // docs/pipeline.md).
   struct Gemm {
     Tensor in, w, out, din, dw;
     double flops;  // forward + backward

@@ -373,16 +373,15 @@ bool matmul_bias_lt(float* out, const void* inp, const void* weight, const float
   check_blas(cublasLtMatrixLayoutCreate(&call.b, dtype, C, static_cast<uint64_t>(N), C), "cublasLtMatrixLayoutCreate");
   check_blas(cublasLtMatrixLayoutCreate(&call.d, CUDA_R_32F, OC, static_cast<uint64_t>(N), OC),
              "cublasLtMatrixLayoutCreate");
-  const std::array<int64_t, 9> key = {reinterpret_cast<int64_t>(blas_lt()),
+  const std::array<int64_t, 8> key = {reinterpret_cast<int64_t>(blas_lt()),
                                       N,
                                       C,
                                       OC,
                                       static_cast<int64_t>(dtype),
                                       alignment(inp),
                                       alignment(weight),
-                                      alignment(out),
-                                      0};
-  thread_local std::map<std::array<int64_t, 9>, std::optional<cublasLtMatmulAlgo_t>> algorithms;
+                                      alignment(out)};
+  thread_local std::map<std::array<int64_t, 8>, std::optional<cublasLtMatmulAlgo_t>> algorithms;
   auto found = algorithms.find(key);
   if (found == algorithms.end()) {
     check_blas(cublasLtMatmulPreferenceCreate(&call.preference), "cublasLtMatmulPreferenceCreate");
