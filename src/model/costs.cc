@@ -64,8 +64,14 @@ std::vector<OpWork> block_ops(const TransformerShape& s, int64_t B, int64_t T, i
   const double core = 2.0 * static_cast<double>(B) * static_cast<double>(T) * T * C / t;  // Q K^T and P V, causal
   // A GEMM of N rows from k to n columns: 2 N k n FLOPs; it reads its input and weight and writes its output.
   const auto gemm = [&](const char* name, double k, double n, double passes) {
-    return OpWork{name, passes > 1 ? OpClass::kMatmulBackward : OpClass::kMatmul, passes * 2.0 * N * k * n,
-                  passes * ((N * k + N * n) * e + k * n * w), passes};
+    return OpWork{.name = name,
+                  .kind = passes > 1 ? OpClass::kMatmulBackward : OpClass::kMatmul,
+                  .flops = passes * 2.0 * N * k * n,
+                  .bytes = passes * ((N * k + N * n) * e + k * n * w),
+                  .gemms = passes,
+                  .rows = N,
+                  .k = k,
+                  .n = n};
   };
   const double stats = 8 * N;  // a LayerNorm's mean and rstd, f32
   if (!backward) {
@@ -106,8 +112,14 @@ std::vector<OpWork> head_ops(const TransformerShape& s, int64_t B, int64_t T, in
   const double V = static_cast<double>(s.vocab) / tp;  // this rank's vocabulary columns
   const double logits = N * V * 4;                     // f32
   const double passes = backward ? 2 : 1;
-  const OpWork gemm{backward ? "logits backward" : "logits", backward ? OpClass::kMatmulBackward : OpClass::kMatmul,
-                    passes * 2 * N * C * V, passes * (N * C * e + C * V * w + logits), passes};
+  const OpWork gemm{.name = backward ? "logits backward" : "logits",
+                    .kind = backward ? OpClass::kMatmulBackward : OpClass::kMatmul,
+                    .flops = passes * 2 * N * C * V,
+                    .bytes = passes * (N * C * e + C * V * w + logits),
+                    .gemms = passes,
+                    .rows = N,
+                    .k = C,
+                    .n = V};
   if (!backward) {
     // The loss reads the logits for their maximum, again for the sum of exponentials and writes their gradient.
     return {{"ln_f", OpClass::kMemory, 0, 2 * N * C * e + 8 * N}, gemm, {"loss", OpClass::kMemory, 0, 3 * logits}};

@@ -71,6 +71,8 @@ struct OpWork {
   double flops;      // floating-point operations
   double bytes;      // bytes read and written
   double gemms = 1;  // GEMMs it runs (a GEMM's backward: 2), each of flops / gemms
+  // A GEMM's shape: rows x k -> n columns (its backward's two GEMMs touch the same three matrices); 0 otherwise.
+  double rows = 0, k = 0, n = 0;
 };
 // `e` bytes per activation element and `w` per weight; the loss and its statistics are f32. The TP all-reduces
 // are communication, not listed here.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -71,13 +72,12 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   // The model's GEMMs (k -> n columns over N rows) at TP 1 and 2, and the attention core at both, in the precision
   // the model keeps their inputs in (bf16: q/k/v, the probabilities and the output too; gpt.h). The GEMMs also at
   // 4 times the micro-batch's rows: a plan may give a replica more rows than one micro-batch (pipelines folded onto
-  // fewer replicas, larger micro-batches), a GEMM's rate rises with its rows (on this CPU the head's by a quarter
-  // from 1 to 4 sequences), and the curve holds its last point beyond it — measured: a slow-chip plan with 8 rows
-  // per replica ran 0.83 of its prediction from one-row figures, 0.96 with these (alternating profiles,
-  // docs/pipeline.md).
+  // fewer replicas, larger micro-batches), and a GEMM's rate rises with its rows (on this CPU the head's by a quarter
+  // from 1 to 4 sequences) — the elements' costs fit_matmul finds from them (measured: a slow-chip plan with 8 rows
+  // per replica ran 0.83 of its prediction from one-row figures alone; docs/pipeline.md).
   struct Gemm {
     Tensor in, w, out, din, dw;
-    double flops;  // forward + backward
+    double rows, k, n;
   };
   std::vector<Gemm> gemms;
   const int V = config.vocab_size;
@@ -92,7 +92,8 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     for (int64_t rows : {N, 4 * N}) {
       for (auto [k, n] : {std::pair{C, 3 * C / tp}, {C / tp, C}, {C, 4 * C / tp}, {4 * C / tp, C}, {C, V / tp}}) {
         gemms.push_back({operand({rows, k}, 1.0f), operand({n, k}, 0.02f), dev.empty(DType::kF32, {rows, n}),
-                         dev.empty(DType::kF32, {rows, k}), dev.zeros(DType::kF32, {n, k}), 6.0 * rows * k * n});
+                         dev.empty(DType::kF32, {rows, k}), dev.zeros(DType::kF32, {n, k}), static_cast<double>(rows),
+                         static_cast<double>(k), static_cast<double>(n)});
       }
     }
   }
@@ -109,6 +110,35 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
                           random({B, T, C / tp}, 0.01f), NH / tp, 2.0 * N * T * C / tp});
   }
   Tensor tiny = dev.zeros(DType::kF32, {1});
+  // The element-wise and row-wise kernels of a block and the head, in f32 (the cost model's kMemory ops, model/
+  // costs.h): a block's two LayerNorms, two residuals, GELU, forward and backward, and the head's LayerNorm and
+  // loss (fused with its gradient, in place). Their rate is the bytes the cost model counts for them over their time.
+  const int64_t F = 4 * int64_t{C};
+  const Tensor ln_w = random({C}, 1.0f), ln_b = random({C}, 0.1f), fch = random({N, F}, 1.0f);
+  Tensor ln_out = dev.empty(DType::kF32, {N, C}), ln_mean = dev.empty(DType::kF32, {N}),
+         ln_rstd = dev.empty(DType::kF32, {N}), ln_dx = dev.empty(DType::kF32, {N, C}),
+         ln_dw = dev.zeros(DType::kF32, {C}), ln_db = dev.zeros(DType::kF32, {C}),
+         gelu_out = dev.empty(DType::kF32, {N, F}), gelu_dx = dev.empty(DType::kF32, {N, F}),
+         residual = dev.empty(DType::kF32, {N, C}), logits = random({N, V}, 1.0f), losses = dev.empty(DType::kF32, {N});
+  const Tensor x2 = x.reshape({N, C}), dout2 = dout.reshape({N, C});
+  const auto elementwise = [&] {
+    for (int i = 0; i < 3; ++i) {  // the block's two and ln_f
+      ops::layernorm_forward(ln_out, ln_mean, ln_rstd, x2, ln_w, ln_b);
+      ops::layernorm_backward(ln_dx, ln_dw, ln_db, dout2, x2, ln_w, ln_mean, ln_rstd);
+    }
+    for (int i = 0; i < 4; ++i) ops::residual_forward(residual, x2, dout2);
+    ops::gelu_forward(gelu_out, fch);
+    ops::gelu_backward(gelu_dx, fch, gelu_out);
+    ops::crossentropy_forward_backward(losses, logits, logits, targets.reshape({N}), 1.0f / static_cast<float>(N));
+  };
+  double elementwise_bytes = 0, elementwise_kernels = 0;
+  for (bool backward : {false, true}) {
+    for (const auto& list : {block_ops(shape, B, T, 1, 4, 4, backward), head_ops(shape, B, T, 1, 4, 4, backward)}) {
+      for (const OpWork& op : list) {
+        if (op.kind == OpClass::kMemory) elementwise_bytes += op.bytes, ++elementwise_kernels;
+      }
+    }
+  }
   // The optimizer step as every trainer takes it (train/optimizer.h: norm, clipping, AdamW; in bf16 the refresh of
   // the weights' bf16 copy), over the head's parameters. The cost model charges it optimizer_traffic_bytes per
   // parameter of memory traffic (f32: 40, H2's bf16: 46), so the rate measured here is the memory bandwidth that
@@ -129,7 +159,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   // Rounds of every measurement until kRounds are done and min_seconds have passed (the first round warms up);
   // the medians are the measurements.
   constexpr int kRounds = 5;
-  std::vector<double> overhead, attention_s, attention_forward_s, layer, head_s, optim;
+  std::vector<double> overhead, attention_s, attention_forward_s, layer, head_s, optim, elementwise_s;
   std::vector<std::vector<double>> gemm_s(gemms.size()), gemm_forward_s(gemms.size());
   const double start = monotonic_seconds();
   for (int round = 0; round <= kRounds || monotonic_seconds() - start < min_seconds; ++round) {
@@ -160,6 +190,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       optimizer_step(head, state, AdamwParams{}, acc, {.max_norm = 1e-6});
       head.refresh_bf16_weights();
     });
+    const double e = timed(elementwise);
     if (round == 0) continue;
     overhead.push_back(o / kTiny);
     for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]), gemm_forward_s[i].push_back(gf[i]);
@@ -168,21 +199,25 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     layer.push_back(l);
     head_s.push_back(h);
     optim.push_back(p);
+    elementwise_s.push_back(e);
   }
   ChipMeasurement m{.chip = chip, .speed = emulated_speed(cluster, chip)};
   m.kernel_overhead_s = median(overhead);
-  // Rates beyond the kernels' fixed costs (a forward and a backward kernel each; the backward runs two GEMMs).
+  // Times beyond the kernels' fixed costs (a forward and a backward kernel each; the backward runs two GEMMs), the
+  // rate and elements' costs that explain them, and the forwards' share beside it: a forward runs s times the
+  // pair's rate when the forwards take 1/(3 s) of the pairs' time.
+  double all_seconds = 0, forward_seconds = 0;
   for (size_t i = 0; i < gemms.size(); ++i) {
-    const double rate = gemms[i].flops / std::max(1e-9, median(gemm_s[i]) - 2.0 * m.kernel_overhead_s);
-    m.gemm_rates.emplace_back(gemms[i].flops / 3, rate);
-  }
-  // The rate of all of them together (the curve's points are relative to it), and their forwards' beside it.
-  double all_flops = 0, all_seconds = 0, forward_seconds = 0;
-  for (const auto& [size, rate] : m.gemm_rates) all_flops += size, all_seconds += size / rate;
-  for (size_t i = 0; i < gemms.size(); ++i)
+    const Gemm& g = gemms[i];
+    m.gemms.push_back({g.rows, g.k, g.n, std::max(1e-9, median(gemm_s[i]) - 2.0 * m.kernel_overhead_s)});
+    all_seconds += m.gemms.back().seconds;
     forward_seconds += std::max(1e-9, median(gemm_forward_s[i]) - m.kernel_overhead_s);
-  m.matmul_flops = all_flops / all_seconds;
-  m.matmul_forward_speedup = std::clamp(all_flops / forward_seconds / m.matmul_flops, 0.34, 3.0);
+  }
+  const MatmulFit fit = fit_matmul(m.gemms);
+  m.matmul_flops = fit.flops;
+  m.matmul_element_s = fit.element_s;
+  m.matmul_fit_error = fit.rms_error;
+  m.matmul_forward_speedup = std::clamp(all_seconds / (3 * forward_seconds), 0.34, 3.0);
   double attention_flops = 0;
   for (const Attention& a : attentions) attention_flops += a.flops;
   const double fixed = static_cast<double>(attentions.size()) * m.kernel_overhead_s;
@@ -190,6 +225,8 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   m.attention_forward_flops = attention_flops / std::max(1e-9, median(attention_forward_s) - fixed);
   const double traffic = CostConstants::of(precision, true).optimizer_traffic_bytes;  // as H2's runtime runs it
   m.memory_gbps = traffic * static_cast<double>(n) / median(optim) / 1e9;
+  m.elementwise_gbps =
+      elementwise_bytes / std::max(1e-9, median(elementwise_s) - elementwise_kernels * m.kernel_overhead_s) / 1e9;
   m.layer_s = median(layer);
   m.head_s = median(head_s);
   // Selective recomputation's cost as the model times it inside a selective block's backward (the median of
@@ -214,43 +251,108 @@ std::vector<double> measurement_figures(const ChipMeasurement& m) {
                            m.head_s,
                            m.recompute_s,
                            m.attention_forward_flops,
-                           m.matmul_forward_speedup};
-  for (const auto& [size, rate] : m.gemm_rates) f.insert(f.end(), {size, rate});
+                           m.matmul_forward_speedup,
+                           m.matmul_element_s[0],
+                           m.matmul_element_s[1],
+                           m.matmul_element_s[2],
+                           m.matmul_fit_error,
+                           m.elementwise_gbps};
+  for (const GemmTiming& g : m.gemms) f.insert(f.end(), {g.rows, g.k, g.n, g.seconds});
   return f;
 }
 
 ChipMeasurement measurement_of(const std::vector<double>& f) {
   ChipMeasurement m{.kernel_overhead_s = f[0],
                     .matmul_flops = f[1],
+                    .matmul_element_s = {f[9], f[10], f[11]},
+                    .matmul_fit_error = f[12],
                     .attention_flops = f[2],
                     .attention_forward_flops = f[7],
                     .memory_gbps = f[3],
                     .layer_s = f[4],
                     .head_s = f[5],
                     .recompute_s = f[6],
-                    .matmul_forward_speedup = f[8]};
-  for (size_t i = std::size(kMeasurementFigures); i + 1 < f.size(); i += 2) m.gemm_rates.emplace_back(f[i], f[i + 1]);
+                    .matmul_forward_speedup = f[8],
+                    .elementwise_gbps = f[13]};
+  for (size_t i = std::size(kMeasurementFigures); i + 3 < f.size(); i += 4)
+    m.gemms.push_back({f[i], f[i + 1], f[i + 2], f[i + 3]});
   return m;
 }
 
-std::vector<std::pair<double, double>> matmul_curve_of(std::vector<std::pair<double, double>> rates, double peak) {
-  // Ascending sizes in buckets of a factor kBucket, each the FLOPs of its GEMMs over their time together (one
-  // noisy small GEMM does not make a point), at their FLOP-weighted size.
-  constexpr double kBucket = 4;
-  std::sort(rates.begin(), rates.end());
-  std::vector<std::pair<double, double>> curve;
-  for (size_t i = 0; i < rates.size();) {
-    double flops = 0, seconds = 0, weighted = 0;
-    size_t j = i;
-    for (; j < rates.size() && rates[j].first <= rates[i].first * kBucket; ++j) {
-      flops += rates[j].first;
-      seconds += rates[j].first / rates[j].second;
-      weighted += rates[j].first * rates[j].first;
+MatmulFit fit_matmul(const std::vector<GemmTiming>& gemms) {
+  MatmulFit fit;
+  double flops = 0, seconds = 0;
+  for (const GemmTiming& g : gemms) flops += 6 * g.rows * g.k * g.n, seconds += g.seconds;
+  fit.flops = seconds > 0 ? flops / seconds : 0;
+  // Unknowns: 1 / rate and the three costs; each GEMM's equation divided by its time (relative error), each column
+  // scaled to unit norm before the normal equations are solved (the FLOPs' column is ~1e5 times the others').
+  const auto features = [](const GemmTiming& g) {
+    return std::array<double, 4>{6 * g.rows * g.k * g.n, 3 * g.rows * g.k, 3 * g.k * g.n, 3 * g.rows * g.n};
+  };
+  std::array<bool, 4> used = {true, true, true, true};
+  std::array<double, 4> x{};
+  while (gemms.size() >= 4) {
+    std::vector<int> cols;
+    for (int j = 0; j < 4; ++j) {
+      if (used[static_cast<size_t>(j)]) cols.push_back(j);
     }
-    curve.emplace_back(weighted / flops / 1e9, flops / seconds / peak);
-    i = j;
+    const size_t n = cols.size();
+    std::vector<double> norm(n, 0.0);
+    for (const GemmTiming& g : gemms) {
+      const std::array<double, 4> f = features(g);
+      for (size_t a = 0; a < n; ++a) norm[a] += std::pow(f[static_cast<size_t>(cols[a])] / g.seconds, 2);
+    }
+    for (double& v : norm) v = v > 0 ? std::sqrt(v) : 1.0;
+    // Normal equations [A^T A | A^T 1], solved by Gaussian elimination with partial pivoting.
+    std::vector<std::vector<double>> m(n, std::vector<double>(n + 1, 0.0));
+    for (const GemmTiming& g : gemms) {
+      const std::array<double, 4> f = features(g);
+      for (size_t a = 0; a < n; ++a) {
+        const double fa = f[static_cast<size_t>(cols[a])] / g.seconds / norm[a];
+        for (size_t b = 0; b < n; ++b) m[a][b] += fa * f[static_cast<size_t>(cols[b])] / g.seconds / norm[b];
+        m[a][n] += fa;
+      }
+    }
+    bool singular = false;
+    for (size_t c = 0; c < n && !singular; ++c) {
+      size_t pivot = c;
+      for (size_t r = c + 1; r < n; ++r) {
+        if (std::abs(m[r][c]) > std::abs(m[pivot][c])) pivot = r;
+      }
+      std::swap(m[c], m[pivot]);
+      if (std::abs(m[c][c]) < 1e-12) singular = true;
+      for (size_t r = 0; r < n && !singular; ++r) {
+        if (r == c) continue;
+        const double k = m[r][c] / m[c][c];
+        for (size_t j = c; j <= n; ++j) m[r][j] -= k * m[c][j];
+      }
+    }
+    if (singular) break;
+    x = {};
+    for (size_t a = 0; a < n; ++a) x[static_cast<size_t>(cols[a])] = m[a][n] / m[a][a] / norm[a];
+    if (x[0] <= 0) break;  // no positive rate: keep the rate of all of them together
+    // The most negative cost leaves the fit; the others are fitted again.
+    int worst = 0;
+    for (int j = 1; j < 4; ++j) {
+      if (used[static_cast<size_t>(j)] && x[static_cast<size_t>(j)] < std::min(0.0, x[static_cast<size_t>(worst)]))
+        worst = j;
+    }
+    if (worst == 0) {
+      fit.flops = 1 / x[0];
+      fit.element_s = {x[1], x[2], x[3]};
+      break;
+    }
+    used[static_cast<size_t>(worst)] = false;
   }
-  return curve;
+  double squares = 0;
+  for (const GemmTiming& g : gemms) {
+    const std::array<double, 4> f = features(g);
+    const double predicted =
+        f[0] / fit.flops + f[1] * fit.element_s[0] + f[2] * fit.element_s[1] + f[3] * fit.element_s[2];
+    squares += std::pow(predicted / g.seconds - 1, 2);
+  }
+  fit.rms_error = gemms.empty() ? 0 : std::sqrt(squares / static_cast<double>(gemms.size()));
+  return fit;
 }
 
 LinkMeasurement measure_link(Communicator& world) {
@@ -286,19 +388,17 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
   out.figures = Figures::kProfiled;
   for (const ChipMeasurement& m : chips) {
     ChipType& t = out.chips[static_cast<size_t>(out.chip_index(m.chip))];
-    // The GEMM rate measured in the profiled precision stands for the peak in both, reached in full.
+    // The GEMM rate measured in the profiled precision stands for the peak in both, reached in full beyond the
+    // elements' costs.
     t.peak_tflops = t.peak_tflops_f32 = m.matmul_flops / 1e12;
     t.efficiency = 1.0;
-    t.matmul_curve = matmul_curve_of(m.gemm_rates, m.matmul_flops);
-    double best = 0;  // the peak is the best point's rate: the curve's fractions are of it
-    for (const auto& [size, fraction] : t.matmul_curve) best = std::max(best, fraction);
-    t.peak_tflops = t.peak_tflops_f32 = m.matmul_flops * best / 1e12;
-    for (auto& [size, fraction] : t.matmul_curve) fraction /= best;
+    for (size_t i = 0; i < 3; ++i) t.matmul_element_ns[i] = m.matmul_element_s[i] * 1e9;
     t.matmul_forward_speedup = m.matmul_forward_speedup;
     t.attention_efficiency = std::min(1.0, m.attention_flops / (t.peak_tflops * 1e12));
     t.attention_forward_efficiency = std::min(1.0, m.attention_forward_flops / (t.peak_tflops * 1e12));
     t.memory_bandwidth_gbps = m.memory_gbps;
     t.memory_efficiency = 1.0;
+    t.elementwise_gbps = m.elementwise_gbps;
     t.kernel_overhead_us = m.kernel_overhead_s * 1e6;
   }
   if (link.bandwidth_gbps > 0) {
@@ -469,18 +569,26 @@ void profile_cluster(const ProfileJob& job) {
   // makes of them.
   const CostModel costs(profiled, shape,
                         TrainSetup{.global_batch = micro_batch, .precision = job.precision, .h2_runtime = true});
-  std::printf("%-10s %6s %9s %10s %7s %10s %9s %21s %21s %23s\n", "chip", "speed", "kernel us", "GEMM GF/s", "fwd x",
-              "attn GF/s", "mem GB/s", "block ms (predicted)", "head ms (predicted)", "recompute ms (predicted)");
+  std::printf("%-10s %6s %9s %10s %7s %10s %9s %9s %21s %21s %23s\n", "chip", "speed", "kernel us", "GEMM GF/s",
+              "fwd x", "attn GF/s", "mem GB/s", "elem GB/s", "block ms (predicted)", "head ms (predicted)",
+              "recompute ms (predicted)");
   for (const ChipMeasurement& m : chips) {
     const int k = profiled.chip_index(m.chip);
     const double none = costs.layer_backward_s(k, 1, micro_batch, Recompute::kNone);
     const double block = costs.layer_forward_s(k, 1, micro_batch) + none;
     const double head = costs.head_forward_s(k, 1, micro_batch) + costs.head_backward_s(k, 1, micro_batch);
     const double recompute = costs.layer_backward_s(k, 1, micro_batch, Recompute::kSelective) - none;
-    std::printf("%-10s %6.2f %9.1f %10.2f %7.2f %10.2f %9.2f %9.2f (%9.2f) %9.2f (%9.2f) %11.2f (%9.2f)\n",
+    std::printf("%-10s %6.2f %9.1f %10.2f %7.2f %10.2f %9.2f %9.2f %9.2f (%9.2f) %9.2f (%9.2f) %11.2f (%9.2f)\n",
                 m.chip.c_str(), m.speed, m.kernel_overhead_s * 1e6, m.matmul_flops / 1e9, m.matmul_forward_speedup,
-                m.attention_flops / 1e9, m.memory_gbps, m.layer_s * 1e3, block * 1e3, m.head_s * 1e3, head * 1e3,
-                m.recompute_s * 1e3, recompute * 1e3);
+                m.attention_flops / 1e9, m.memory_gbps, m.elementwise_gbps, m.layer_s * 1e3, block * 1e3,
+                m.head_s * 1e3, head * 1e3, m.recompute_s * 1e3, recompute * 1e3);
+  }
+  for (const ChipMeasurement& m : chips) {
+    std::printf(
+        "%-10s GEMM: %.2f GF/s beyond %.3f, %.3f, %.3f ns per element of input, weight, output (fitted to "
+        "%zu GEMMs within %.1f%% rms)\n",
+        m.chip.c_str(), m.matmul_flops / 1e9, m.matmul_element_s[0] * 1e9, m.matmul_element_s[1] * 1e9,
+        m.matmul_element_s[2] * 1e9, m.gemms.size(), 100 * m.matmul_fit_error);
   }
   std::printf("link (DiComm over UCX, %d processes, pairs all-reducing at once): %.2f GB/s, %.1f us\n", options.ranks,
               link.bandwidth_gbps, link.latency_us);

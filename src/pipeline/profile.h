@@ -15,6 +15,7 @@
 // done, without other ranks in the host's caches: device/emu/device.h), and the links with every process at once.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -24,15 +25,21 @@
 
 namespace h2 {
 
+// A GEMM timed: rows x k -> n columns, its forward and backward's time beyond their kernels' fixed costs.
+struct GemmTiming {
+  double rows = 0, k = 0, n = 0, seconds = 0;
+};
+
 struct ChipMeasurement {
   std::string chip;
   double speed = 1;              // the emulated chip's speed (relative to this host)
   double kernel_overhead_s = 0;  // the fixed cost of one kernel
-  double matmul_flops = 0;       // GEMMs' rate beyond their fixed costs, FLOP/s (the fastest size's)
-  // Per GEMM shape measured (the model's at TP 1 and 2, and the head's): (FLOPs of one GEMM, its rate).
-  std::vector<std::pair<double, double>> gemm_rates;
-  double attention_flops = 0;          // the attention core's backward
-  double attention_forward_flops = 0;  // its forward
+  double matmul_flops = 0;       // GEMMs' rate beyond their fixed costs and their elements' (fit_matmul), FLOP/s
+  std::array<double, 3> matmul_element_s{};  // and those (ChipType::matmul_element_ns, in seconds)
+  double matmul_fit_error = 0;               // the fit's root-mean-square relative error over the GEMMs timed
+  std::vector<GemmTiming> gemms;             // the model's GEMMs at TP 1 and 2, the micro-batch's rows and 4x
+  double attention_flops = 0;                // the attention core's backward
+  double attention_forward_flops = 0;        // its forward
   double memory_gbps = 0;  // the optimizer step's rate as the memory bandwidth the cost model's formula needs
   double layer_s = 0;      // measured whole: one block, forward + backward, one micro-batch
   double head_s = 0;       // the head, forward + loss + backward
@@ -40,9 +47,10 @@ struct ChipMeasurement {
   double recompute_s = 0;
   // The GEMMs' forwards' rate over forward and backward's together (planner/spec.h's matmul_forward_speedup).
   double matmul_forward_speedup = 1;
+  double elementwise_gbps = 0;  // a block's and the head's element-wise and row-wise kernels (ChipType's)
 };
 
-// The figures in a fixed order (for sending them between ranks): these, then each GEMM shape's size and rate.
+// The figures in a fixed order (for sending them between ranks): these, then each GEMM's rows, k, n and seconds.
 inline constexpr const char* kMeasurementFigures[] = {"kernel_overhead_s",
                                                       "matmul_flops",
                                                       "attention_flops",
@@ -51,13 +59,24 @@ inline constexpr const char* kMeasurementFigures[] = {"kernel_overhead_s",
                                                       "head_s",
                                                       "recompute_s",
                                                       "attention_forward_flops",
-                                                      "matmul_forward_speedup"};
+                                                      "matmul_forward_speedup",
+                                                      "matmul_element_input_s",
+                                                      "matmul_element_weight_s",
+                                                      "matmul_element_output_s",
+                                                      "matmul_fit_error",
+                                                      "elementwise_gbps"};
 std::vector<double> measurement_figures(const ChipMeasurement& m);
 ChipMeasurement measurement_of(const std::vector<double>& figures);
-// The matmul_curve of a chip type (planner/spec.h) from measured (GEMM FLOPs, rate) pairs against its peak: sizes
-// ascending, those within a factor 4 of each other measured together as one point, as fractions of `peak` (the
-// caller rescales them to the best point's).
-std::vector<std::pair<double, double>> matmul_curve_of(std::vector<std::pair<double, double>> rates, double peak);
+// The GEMM rate and elements' costs that best explain the GEMMs' times as 6 rows k n / flops + 3 (a rows k + b k n +
+// c rows n) — forward and backward: three passes over the same three matrices — by least squares of the relative
+// error, each cost >= 0 (one the data would make negative is dropped and the rest fitted again). Fewer than four
+// GEMMs, or a fit without a positive rate: the rate of all of them together and no elements' costs.
+struct MatmulFit {
+  double flops = 0;
+  std::array<double, 3> element_s{};
+  double rms_error = 0;  // relative, over the GEMMs
+};
+MatmulFit fit_matmul(const std::vector<GemmTiming>& gemms);
 
 struct LinkMeasurement {
   double bandwidth_gbps = 0;

@@ -58,7 +58,7 @@ ChipCatalog load_catalog(const ConfigNode& root) {
     c.between_types.latency_us = non_negative_number(*d, "between_types_latency_us", c.between_types.latency_us);
   }
   for (const ConfigNode& n : root.at("chips").items()) {
-    n.allow_only({"name", "vendor", "source", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
+    n.allow_only({"name", "vendor", "source", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_element_ns",
                   "attention_efficiency", "attention_forward_efficiency", "memory_gib", "memory_bandwidth_gbps",
                   "memory_efficiency", "kernel_overhead_us", "host_link_gbps", "chips_per_node", "intra_node_gbps",
                   "intra_node_latency_us", "nic_gbps", "nic_latency_us"});

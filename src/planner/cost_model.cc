@@ -39,18 +39,24 @@ const CostModel::PieceTimes& CostModel::piece_times(int chip, int tp, int b) con
 }
 
 // A roofline per kernel (Williams et al. 2009) plus its fixed cost: the larger of its compute time at the chip's
-// achievable rate for its class and its memory traffic at the achievable bandwidth, plus the launch overhead.
+// achievable rate for its class and its memory traffic at the achievable bandwidth, plus the launch overhead. A
+// GEMM's compute time holds its elements' costs (the ramp, ChipType::matmul_element_ns); its forward and its
+// backward take their shares of the pair's time (matmul_forward_speedup).
 double CostModel::op_s(int chip, const OpWork& op) const {
   const ChipType& c = cluster_.chips[static_cast<size_t>(chip)];
   const bool bf16 = train_.precision == Precision::kBf16;
-  const double rate =
-      op.kind == OpClass::kMatmul             ? c.matmul_flops(bf16, op.flops / op.gemms) * c.matmul_forward_factor()
-      : op.kind == OpClass::kMatmulBackward   ? c.matmul_flops(bf16, op.flops / op.gemms) * c.matmul_backward_factor()
-      : op.kind == OpClass::kAttention        ? c.attention_flops(bf16)
-      : op.kind == OpClass::kAttentionForward ? c.attention_forward_flops(bf16)
-                                              : 0;
-  const double compute = rate > 0 ? op.flops / rate : 0;
-  return std::max(compute, op.bytes / c.bytes_per_second()) + c.kernel_overhead_us * 1e-6;
+  const bool gemm = op.kind == OpClass::kMatmul || op.kind == OpClass::kMatmulBackward;
+  const double rate = gemm                                    ? c.matmul_flops(bf16)
+                      : op.kind == OpClass::kAttention        ? c.attention_flops(bf16)
+                      : op.kind == OpClass::kAttentionForward ? c.attention_forward_flops(bf16)
+                                                              : 0;
+  double compute = rate > 0 ? op.flops / rate : 0;
+  if (gemm) {
+    compute += op.gemms * c.gemm_element_s(op.rows, op.k, op.n);
+    compute /= op.kind == OpClass::kMatmul ? c.matmul_forward_factor() : c.matmul_backward_factor();
+  }
+  const double bandwidth = op.kind == OpClass::kMemory ? c.elementwise_bytes_per_second() : c.bytes_per_second();
+  return std::max(compute, op.bytes / bandwidth) + c.kernel_overhead_us * 1e-6;
 }
 
 double CostModel::flops_rate(int chip) const {

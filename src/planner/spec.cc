@@ -42,25 +42,6 @@ int positive_int32(const ConfigNode& node, const char* key) {
 
 }  // namespace
 
-double ChipType::matmul_flops(bool bf16, double gemm_flops) const {
-  if (matmul_curve.empty()) return peak_flops(bf16) * efficiency;
-  if (gemm_flops <= 0) {  // the plateau: the best fraction measured
-    double best = 0;
-    for (const auto& [size, fraction] : matmul_curve) best = std::max(best, fraction);
-    return peak_flops(bf16) * best;
-  }
-  const double g = gemm_flops / 1e9;
-  if (g <= matmul_curve.front().first) return peak_flops(bf16) * matmul_curve.front().second;
-  for (size_t i = 1; i < matmul_curve.size(); ++i) {
-    const auto [x1, y1] = matmul_curve[i];
-    if (g > x1) continue;
-    const auto [x0, y0] = matmul_curve[i - 1];
-    const double a = std::log(g / x0) / std::log(x1 / x0);
-    return peak_flops(bf16) * (y0 + a * (y1 - y0));
-  }
-  return peak_flops(bf16) * matmul_curve.back().second;
-}
-
 int Cluster::chip_index(const std::string& n) const {
   for (size_t i = 0; i < chips.size(); ++i) {
     if (chips[i].name == n) return static_cast<int>(i);
@@ -146,10 +127,9 @@ std::string cluster_to_yaml(const Cluster& c) {
       << YAML::Value << t.vendor << YAML::Key << "peak_tflops" << YAML::Value << t.peak_tflops;
     if (t.peak_tflops_f32 > 0) y << YAML::Key << "peak_tflops_f32" << YAML::Value << t.peak_tflops_f32;
     y << YAML::Key << "efficiency" << YAML::Value << t.efficiency;
-    if (!t.matmul_curve.empty()) {
-      y << YAML::Key << "matmul_curve" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-      for (const auto& [size, fraction] : t.matmul_curve)
-        y << YAML::Flow << YAML::BeginSeq << size << fraction << YAML::EndSeq;
+    if (t.matmul_element_ns != std::array<double, 3>{}) {
+      y << YAML::Key << "matmul_element_ns" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (double ns : t.matmul_element_ns) y << ns;
       y << YAML::EndSeq;
     }
     if (t.matmul_forward_speedup != 1) {
@@ -163,6 +143,7 @@ std::string cluster_to_yaml(const Cluster& c) {
       << t.memory_bandwidth_gbps << YAML::Key << "memory_efficiency" << YAML::Value << t.memory_efficiency << YAML::Key
       << "kernel_overhead_us" << YAML::Value << t.kernel_overhead_us << YAML::Key << "host_link_gbps" << YAML::Value
       << t.host_link_gbps;
+    if (t.elementwise_gbps > 0) y << YAML::Key << "elementwise_gbps" << YAML::Value << t.elementwise_gbps;
     if (t.backend != "emu") y << YAML::Key << "backend" << YAML::Value << t.backend;
     y << YAML::EndMap;
   }
@@ -214,22 +195,24 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
                     " (a GEMM forward's rate over the forward and backward's together; 1 = alike)"));
     }
   }
-  if (auto curve = n.find("matmul_curve")) {
-    t.matmul_curve.clear();
-    for (const ConfigNode& point : curve->items()) {
-      const std::vector<ConfigNode> xy = point.items();
-      if (xy.size() != 2) point.fail("a point is [GFLOP of one GEMM, achievable fraction]");
-      const double size = xy[0].as_double(), f = xy[1].as_double();
-      if (!(size > 0) || !std::isfinite(size)) xy[0].fail(cat("must be a positive size, got ", size));
-      if (!(f > 0 && f <= 1)) xy[1].fail(cat("must be in (0, 1], got ", f));
-      if (!t.matmul_curve.empty() && size <= t.matmul_curve.back().first) xy[0].fail("sizes must ascend");
-      t.matmul_curve.emplace_back(size, f);
+  if (auto old = n.find("matmul_curve")) {
+    old->fail(
+        "GEMM efficiency by size was replaced by matmul_element_ns (a GEMM's cost per element of its input, "
+        "weight and output); profile the cluster again with h2 profile");
+  }
+  if (auto ns = n.find("matmul_element_ns")) {
+    const std::vector<ConfigNode> v = ns->items();
+    if (v.size() != 3) ns->fail("is [input, weight, output]: nanoseconds per element of each, per GEMM pass");
+    for (size_t i = 0; i < 3; ++i) {
+      t.matmul_element_ns[i] = v[i].as_double();
+      if (!(t.matmul_element_ns[i] >= 0) || !std::isfinite(t.matmul_element_ns[i]))
+        v[i].fail(cat("must be a finite number >= 0, got ", t.matmul_element_ns[i]));
     }
-    if (t.matmul_curve.empty()) curve->fail("lists no point");
   }
   number("memory_gib", t.memory_gib, !base);
   number("memory_bandwidth_gbps", t.memory_bandwidth_gbps, !base);
   fraction("memory_efficiency", t.memory_efficiency);
+  t.elementwise_gbps = non_negative_number(n, "elementwise_gbps", t.elementwise_gbps);
   t.kernel_overhead_us = non_negative_number(n, "kernel_overhead_us", t.kernel_overhead_us);
   number("host_link_gbps", t.host_link_gbps, false);
   if (auto b = n.find("backend")) {
@@ -263,8 +246,9 @@ Cluster load_cluster(const ConfigNode& root) {
   std::vector<const CatalogChip*> from_catalog;  // per chip type: its catalog entry, or null
   for (const ConfigNode& n : root.at("chips").items()) {
     n.allow_only({"catalog", "name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
-                  "matmul_forward_speedup", "attention_efficiency", "attention_forward_efficiency", "memory_gib",
-                  "memory_bandwidth_gbps", "memory_efficiency", "kernel_overhead_us", "host_link_gbps", "backend"});
+                  "matmul_element_ns", "matmul_forward_speedup", "attention_efficiency", "attention_forward_efficiency",
+                  "memory_gib", "memory_bandwidth_gbps", "memory_efficiency", "elementwise_gbps", "kernel_overhead_us",
+                  "host_link_gbps", "backend"});
     const CatalogChip* entry = nullptr;
     if (auto name = n.find("catalog")) {
       if (!catalog) name->fail("names a catalog chip, but the file names no catalog; add catalog: chips.yaml");

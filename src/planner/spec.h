@@ -4,6 +4,7 @@
 // ...).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -16,17 +17,19 @@
 namespace h2 {
 
 // A chip type's figures, from its datasheet or measured by `h2 profile`. A kernel takes
-// max(FLOPs / rate, bytes / bandwidth) + kernel_overhead_us: a roofline per kernel plus a fixed cost, which is what
-// makes small problems (small micro-batches, small models, wide TP) slower per FLOP than large ones.
+// max(FLOPs / rate, bytes / bandwidth) + kernel_overhead_us: a roofline per kernel plus a fixed cost — a GEMM also its
+// elements' costs (matmul_element_ns) —, which is what makes small problems (small micro-batches, small models, wide
+// TP) slower per FLOP than large ones.
 struct ChipType {
   std::string name;
   std::string vendor;
   double peak_tflops = 0;      // dense bf16 (tensor cores) TFLOP/s
   double peak_tflops_f32 = 0;  // dense f32 matmuls (TF32 tensor cores on GPUs); 0 = peak_tflops / 2
   double efficiency = 0.5;     // achievable fraction of peak on large matmuls
-  // Or the achievable fraction by a GEMM's size: (GFLOP of one GEMM, fraction) points, ascending, interpolated in
-  // log size and held beyond the ends (`h2 profile` measures them). Empty: `efficiency` at every size.
-  std::vector<std::pair<double, double>> matmul_curve;
+  // A GEMM's ramp: nanoseconds per element of its input (rows x k), its weight (k x n) and its output (rows x n),
+  // each pass, beside its FLOPs at the achievable rate — what makes a GEMM with few rows or a narrow weight slower
+  // per FLOP than a large one (the operands' packing and traffic; `h2 profile` fits them). Zeros: the rate alone.
+  std::array<double, 3> matmul_element_ns{};
   // A GEMM's forward runs this many times the rate above, its backward (two GEMMs) so much slower that forward and
   // backward together take what the rate says (a CPU's bf16 forward kernel gains more over f32 than its backward;
   // `h2 profile` measures it). 1 = alike; in (1/3, 3].
@@ -38,8 +41,12 @@ struct ChipType {
   double memory_gib = 0;             // device memory
   double memory_bandwidth_gbps = 0;  // device memory bandwidth, GB/s (element-wise ops, the optimizer)
   double memory_efficiency = 0.8;    // achievable fraction of it on streaming kernels
-  double kernel_overhead_us = 5;     // the fixed cost of each kernel (launch and dispatch), microseconds
-  double host_link_gbps = 25;        // device <-> host (PCIe), GB/s: the path of host-staged transfers
+  // The element-wise and row-wise kernels' rate (LayerNorm, GELU, residuals, the loss), GB/s as the cost model counts
+  // their bytes; 0: memory_bandwidth_gbps x memory_efficiency, as the optimizer's stream. A CPU's caches hold a
+  // block's tensors where the optimizer streams from memory (`h2 profile` measures both).
+  double elementwise_gbps = 0;
+  double kernel_overhead_us = 5;  // the fixed cost of each kernel (launch and dispatch), microseconds
+  double host_link_gbps = 25;     // device <-> host (PCIe), GB/s: the path of host-staged transfers
   // What runs this chip type in `h2 train --cluster` and `h2 profile` on the host that runs the job: "emu" (the
   // default: an emulation paced to its figures), "cpu" (this host's cores, unpaced) or "cuda" (the host's GPU).
   std::string backend = "emu";
@@ -48,9 +55,12 @@ struct ChipType {
   double peak_flops(bool bf16) const {
     return (bf16 ? peak_tflops : peak_tflops_f32 > 0 ? peak_tflops_f32 : peak_tflops / 2) * 1e12;
   }
-  // The achievable GEMM rate for one GEMM of `gemm_flops` (0: a large one, the plateau), forward and backward
-  // together.
-  double matmul_flops(bool bf16, double gemm_flops = 0) const;
+  // The achievable GEMM rate, forward and backward together: a large GEMM's (its elements' costs amortised).
+  double matmul_flops(bool bf16) const { return peak_flops(bf16) * efficiency; }
+  // What one pass of a GEMM of rows x k -> n pays for its elements beside its FLOPs (matmul_element_ns).
+  double gemm_element_s(double rows, double k, double n) const {
+    return 1e-9 * (matmul_element_ns[0] * rows * k + matmul_element_ns[1] * k * n + matmul_element_ns[2] * rows * n);
+  }
   // The factors on it for a forward and a backward GEMM: the backward's keeps 1/3 forward + 2/3 backward at 1.
   double matmul_forward_factor() const { return matmul_forward_speedup; }
   double matmul_backward_factor() const { return 2.0 / (3.0 - 1.0 / matmul_forward_speedup); }
@@ -61,6 +71,9 @@ struct ChipType {
     return attention_forward_efficiency > 0 ? peak_flops(bf16) * attention_forward_efficiency : attention_flops(bf16);
   }
   double bytes_per_second() const { return memory_bandwidth_gbps * 1e9 * memory_efficiency; }
+  double elementwise_bytes_per_second() const {
+    return elementwise_gbps > 0 ? elementwise_gbps * 1e9 : bytes_per_second();
+  }
   double memory_bytes() const { return memory_gib * kBytesPerGiB; }
 };
 

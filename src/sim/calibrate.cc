@@ -267,6 +267,8 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
           x.chips[ci].peak_tflops *= k;
           x.chips[ci].peak_tflops_f32 *= k;
           x.chips[ci].kernel_overhead_us /= k;
+          for (double& ns : x.chips[ci].matmul_element_ns) ns /= k;
+          x.chips[ci].elementwise_gbps *= k;
         });
   }
   const Plan after = recost(c);

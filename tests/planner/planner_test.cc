@@ -156,6 +156,64 @@ TEST(CostModel, SplitsAGemmsRateBetweenForwardAndBackward) {
               HasSubstr("field 'chips[0].matmul_forward_speedup': must be in (1/3, 3], got 0.3"));
 }
 
+// A GEMM pays for its elements beside its FLOPs, each pass: on X (50 TFLOP/s) with 1, 2 and 3 ns per element of
+// input, weight and output, a forward of 100 rows x 10 -> 20 columns takes 40,000 FLOP / 50 TFLOP/s = 0.8 ns plus
+// 1 x 1,000 + 2 x 200 + 3 x 2,000 = 7,400 ns, plus 5 us; its backward (two GEMMs) twice both. With a forward
+// speedup of 1.5 the forward's share is divided by 1.5 and the backward's by 2 / (3 - 1/1.5) = 6/7.
+TEST(CostModel, AGemmPaysForItsElements) {
+  Cluster c = cluster_of(kSmallCluster);
+  c.chips[0].matmul_element_ns = {1, 2, 3};
+  const CostModel costs(c, small_model(4), TrainSetup{.global_batch = 8});
+  const OpWork forward{"f", OpClass::kMatmul, 40'000, 0, 1, 100, 10, 20};
+  const OpWork backward{"b", OpClass::kMatmulBackward, 80'000, 0, 2, 100, 10, 20};
+  EXPECT_NEAR(costs.op_s(0, forward), 0.8e-9 + 7'400e-9 + 5e-6, 1e-15);
+  EXPECT_NEAR(costs.op_s(0, backward), 1.6e-9 + 14'800e-9 + 5e-6, 1e-15);
+  c.chips[0].matmul_forward_speedup = 1.5;
+  const CostModel split(c, small_model(4), TrainSetup{.global_batch = 8});
+  EXPECT_NEAR(split.op_s(0, forward), (0.8e-9 + 7'400e-9) / 1.5 + 5e-6, 1e-15);
+  EXPECT_NEAR(split.op_s(0, backward), (1.6e-9 + 14'800e-9) * 7 / 6 + 5e-6, 1e-15);
+  // The model's GEMMs carry their shapes: a block's c_fc at TP 2 is T rows x C -> 4C / 2, the head's C -> V / 2.
+  const TransformerShape m = small_model(4);
+  const auto named = [](const std::vector<OpWork>& ops, const std::string& name) {
+    for (const OpWork& op : ops) {
+      if (op.name == name) return op;
+    }
+    ADD_FAILURE() << name;
+    return OpWork{};
+  };
+  const OpWork fc = named(block_ops(m, 1, 1024, 2, 2, 2, false), "c_fc");
+  EXPECT_EQ(fc.rows, 1024);
+  EXPECT_EQ(fc.k, m.hidden);
+  EXPECT_EQ(fc.n, m.ffn / 2);
+  const OpWork logits = named(head_ops(m, 2, 1024, 2, 2, 2, true), "logits backward");
+  EXPECT_EQ(logits.rows, 2048);
+  EXPECT_EQ(logits.n, m.vocab / 2.0);
+  // Written and read back; a cost below zero, or the size curve that came before, is refused naming the field.
+  const Cluster back = load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "written.yaml"));
+  EXPECT_EQ(back.chips[0].matmul_element_ns, (std::array<double, 3>{1, 2, 3}));
+  EXPECT_EQ(back.chips[1].matmul_element_ns, (std::array<double, 3>{}));
+  const std::string chip = "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1, ";
+  EXPECT_THAT(error_of([&] { cluster_of(chip + "matmul_element_ns: [1, -2, 3]}\ngroups: []\n"); }, ErrorCode::kConfig),
+              HasSubstr("must be a finite number >= 0, got -2"));
+  EXPECT_THAT(error_of([&] { cluster_of(chip + "matmul_curve: [[1, 0.5]]}\ngroups: []\n"); }, ErrorCode::kConfig),
+              HasSubstr("field 'chips[0].matmul_curve': GEMM efficiency by size was replaced by matmul_element_ns"));
+}
+
+// Element-wise and row-wise kernels run at elementwise_gbps where a profile measured it (a CPU's caches), else at
+// the memory's achievable bandwidth (X: 1,000 GB/s x 0.8); the optimizer always streams at the latter.
+TEST(CostModel, ElementwiseKernelsTakeTheirOwnBandwidth) {
+  Cluster c = cluster_of(kSmallCluster);
+  const OpWork gelu{"gelu", OpClass::kMemory, 0, 1e9};
+  EXPECT_NEAR(CostModel(c, small_model(4), TrainSetup{.global_batch = 8}).op_s(0, gelu), 1.0 / 800 + 5e-6, 1e-15);
+  c.chips[0].elementwise_gbps = 2000;
+  const CostModel costs(c, small_model(4), TrainSetup{.global_batch = 8});
+  EXPECT_NEAR(costs.op_s(0, gelu), 1.0 / 2000 + 5e-6, 1e-15);
+  const OpWork gemm{"g", OpClass::kMatmul, 1, 1e9, 1, 1, 1, 1};  // memory-bound: the memory's bandwidth
+  EXPECT_NEAR(costs.op_s(0, gemm), 1.0 / 800 + 5e-6, 1e-12);
+  EXPECT_DOUBLE_EQ(load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "w.yaml")).chips[0].elementwise_gbps,
+                   2000);
+}
+
 TEST(CostModel, MatchesClosedForms) {
   const Cluster c = cluster_of(kSmallCluster);
   TrainSetup t{.global_batch = 8, .zero1 = false};

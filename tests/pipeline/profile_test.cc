@@ -1,0 +1,56 @@
+// What `h2 profile` makes of its measurements: the GEMM rate and elements' costs fitted to GEMMs' times.
+#include "pipeline/profile.h"
+
+#include <gtest/gtest.h>
+
+namespace h2 {
+namespace {
+
+// The model's GEMMs of a 256-wide block and a 50,257-token head at TP 1 and 2, 256 and 1,024 rows (what h2 profile
+// times for model_small.yaml), each timed as 6 r k n / rate + 3 (a r k + b k n + c r n): the cost model's own form,
+// written here by hand.
+std::vector<GemmTiming> timed(double rate, double a, double b, double c) {
+  std::vector<GemmTiming> out;
+  for (double tp : {1.0, 2.0}) {
+    for (double rows : {256.0, 1024.0}) {
+      for (auto [k, n] : {std::pair{256.0, 768 / tp},
+                          {256 / tp, 256.0},
+                          {256.0, 1024 / tp},
+                          {1024 / tp, 256.0},
+                          {256.0, std::floor(50257 / tp)}}) {
+        out.push_back({rows, k, n, 6 * rows * k * n / rate + 3 * (a * rows * k + b * k * n + c * rows * n)});
+      }
+    }
+  }
+  return out;
+}
+
+TEST(MatmulFit, RecoversTheRateAndElementsCostsOfItsOwnForm) {
+  const MatmulFit fit = fit_matmul(timed(240e9, 0.5e-9, 1.25e-9, 0.65e-9));
+  EXPECT_NEAR(fit.flops, 240e9, 1e-6 * 240e9);
+  EXPECT_NEAR(fit.element_s[0], 0.5e-9, 1e-6 * 0.5e-9);
+  EXPECT_NEAR(fit.element_s[1], 1.25e-9, 1e-6 * 1.25e-9);
+  EXPECT_NEAR(fit.element_s[2], 0.65e-9, 1e-6 * 0.65e-9);
+  EXPECT_LT(fit.rms_error, 1e-9);
+}
+
+// Times no non-negative costs explain (the weight's "cost" below zero): that cost leaves the fit, the others stay
+// at or above zero, and the error says the fit is not exact.
+TEST(MatmulFit, DropsACostTheDataWouldMakeNegative) {
+  const MatmulFit fit = fit_matmul(timed(240e9, 2e-9, -0.2e-9, 0.65e-9));
+  EXPECT_GT(fit.flops, 0.0);
+  EXPECT_EQ(fit.element_s[1], 0.0);
+  EXPECT_GE(fit.element_s[0], 0.0);
+  EXPECT_GE(fit.element_s[2], 0.0);
+  EXPECT_GT(fit.rms_error, 1e-4);
+}
+
+// Too few GEMMs to fit four unknowns: the rate of them all together (6 r k n FLOPs over their time), no costs.
+TEST(MatmulFit, FewerThanFourGemmsGiveTheirRateAlone) {
+  const MatmulFit fit = fit_matmul({{100, 10, 20, 1e-6}, {200, 10, 20, 3e-6}});
+  EXPECT_DOUBLE_EQ(fit.flops, (6.0 * 100 * 10 * 20 + 6.0 * 200 * 10 * 20) / 4e-6);
+  EXPECT_EQ(fit.element_s, (std::array<double, 3>{}));
+}
+
+}  // namespace
+}  // namespace h2
