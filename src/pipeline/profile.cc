@@ -158,7 +158,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   constexpr int kTiny = 200;  // kernels per round of the overhead measurement
   // Rounds of every measurement until kRounds are done and min_seconds have passed (the first round warms up);
   // the medians are the measurements.
-  constexpr int kRounds = 5;
+  constexpr int kRounds = 3;
   std::vector<double> overhead, attention_s, attention_forward_s, layer, head_s, optim, elementwise_s;
   std::vector<std::vector<double>> gemm_s(gemms.size()), gemm_forward_s(gemms.size());
   const double start = monotonic_seconds();
@@ -473,9 +473,16 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   const auto measures = [&](int r) {
     return std::find(chips.begin(), chips.begin() + r, chips[static_cast<size_t>(r)]) == chips.begin() + r;
   };
-  std::vector<int> turns;  // the measuring ranks, in order: each tells the next when it is done, the last tells all
-  for (int r = 0; r < world.size(); ++r) {
-    if (measures(r)) turns.push_back(r);
+  // The measuring ranks, in order, twice: each tells the next when it is done, the last tells all. Each chip type
+  // keeps the faster of its two measurements (by its block and head together): a pass the host slowed for seconds
+  // (another tenant) is not what training sees over minutes, where an emulated chip's kernels take the least work
+  // their shapes have done (measured: one profile in four put the fast chips' block 35% slower than the others).
+  constexpr int kPasses = 2;
+  std::vector<int> turns;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    for (int r = 0; r < world.size(); ++r) {
+      if (measures(r)) turns.push_back(r);
+    }
   }
   const auto tell = [&](int to) {
     const char done = 1;
@@ -483,11 +490,15 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
     world.wait_request(*s, "h2 profile: done measuring", to);
   };
   ChipMeasurement m;
-  const auto turn = std::find(turns.begin(), turns.end(), me);
-  if (turn != turns.end()) {
-    if (turn != turns.begin()) wait_for_turn(world, *(turn - 1));
-    m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, /*min_seconds=*/2.0);
-    if (turn + 1 != turns.end()) tell(*(turn + 1));
+  bool measured = false;
+  for (size_t t = 0; t < turns.size(); ++t) {
+    if (turns[t] != me) continue;
+    if (t > 0 && turns[t - 1] != me) wait_for_turn(world, turns[t - 1]);
+    const ChipMeasurement pass =
+        measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, /*min_seconds=*/2.0);
+    if (!measured || pass.layer_s + pass.head_s < m.layer_s + m.head_s) m = pass;
+    measured = true;
+    if (t + 1 < turns.size() && turns[t + 1] != me) tell(turns[t + 1]);
   }
   if (me == turns.back()) {
     for (int other = 0; other < world.size(); ++other) {

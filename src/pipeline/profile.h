@@ -3,16 +3,18 @@
 // about this cluster.
 //
 // Per chip type (an emulated chip of that type here), with the cores each rank will get, the figures of the cost
-// model's kernel roofline (planner/cost_model.h): the fixed cost of a kernel (tiny kernels); the GEMM rate, from
-// the forward and backward of the model's GEMMs at the micro-batch's rows and 4 times them, at TP 1 and 2 (FLOPs over
-// their time less their fixed costs); the attention core's rate likewise; and the optimizer step's rate (norm,
-// clipping, AdamW) as the memory bandwidth that makes the cost model's optimizer formula (40 bytes of traffic per
-// f32 parameter) true. A block's forward + backward and the head's are measured whole too, and printed beside what
-// the cost model predicts from those figures. Per link: DiComm latency from 8-byte exchanges and bandwidth from
-// 32 MiB all-reduces of every pair of ranks at once, applied to every link and NIC of the cluster (on one host
-// they are all the same path). `h2 profile` runs one process per device; each chip type is measured on the first of
-// them that has it while the others sleep (an emulated chip counts a kernel's work as the least its shapes have
-// done, without other ranks in the host's caches: device/emu/device.h), and the links with every process at once.
+// model's kernel roofline (planner/cost_model.h): the fixed cost of a kernel (tiny kernels); the GEMM rate and its
+// elements' costs, fitted to the forward and backward of the model's GEMMs at the micro-batch's rows and 4 times
+// them, at TP 1 and 2 (their times less their fixed costs; fit_matmul); the attention core's rate likewise; the
+// element-wise kernels' rate (the bytes the cost model counts for a block's and the head's over their time); and
+// the optimizer step's rate (norm, clipping, AdamW) as the memory bandwidth that makes the cost model's optimizer
+// formula (40 bytes of traffic per f32 parameter) true. A block's forward + backward and the head's are measured whole
+// too, and printed beside what the cost model predicts from those figures. Per link: DiComm latency from 8-byte
+// exchanges and bandwidth from 32 MiB all-reduces of every pair of ranks at once, applied to every link and NIC of the
+// cluster (on one host they are all the same path). `h2 profile` runs one process per device; each chip type is
+// measured on the first of them that has it while the others sleep (an emulated chip counts a kernel's work as the
+// least its shapes have done, without other ranks in the host's caches: device/emu/device.h), and the links with every
+// process at once.
 #pragma once
 
 #include <array>
@@ -83,7 +85,7 @@ struct LinkMeasurement {
   double latency_us = 0;
 };
 
-// Medians over rounds of the measurements, repeated for at least `min_seconds` and at least 5 rounds. The GEMMs, a
+// Medians over rounds of the measurements, repeated for at least `min_seconds` and at least 3 rounds. The GEMMs, a
 // block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h).
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch, Precision precision, double min_seconds = 0);
