@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -70,6 +71,14 @@ std::string costed_otherwise(const Plan& plan, const TrainSetup& runs) {
              "set train.precision");
 }
 
+std::string simulation_miss(double ratio, const std::string& out_dir) {
+  if (!(std::abs(ratio - 1) > 0.10)) return "";
+  return format(
+      "note: the run took %.0f%% %s than simulated; h2 calibrate %s fits the cluster's figures to its "
+      "trace and writes a cluster file to plan with (docs/planner.md)\n",
+      100 * std::abs(ratio - 1), ratio > 1 ? "longer" : "less time", out_dir.c_str());
+}
+
 ClusterJob load_cluster_job(const ClusterJobFiles& files, bool resume) {
   ClusterJob in;
   ConfigNode root = ConfigNode::load_file(files.config);
@@ -132,8 +141,8 @@ int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool
   const RankOutcome r = run_rank(in.run, *job, quiet, &stop);
   if (external && env.rank == 0 && !r.interrupted) {
     const double ratio = finish_run(in.run, ranks);
-    std::printf("done: measured step %.3f s; measured / simulated %.2f; traces in %s\n", r.step_seconds, ratio,
-                in.run.config.out_dir.c_str());
+    std::printf("done: measured step %.3f s; measured / simulated %.2f; traces in %s\n%s", r.step_seconds, ratio,
+                in.run.config.out_dir.c_str(), simulation_miss(ratio, in.run.config.out_dir).c_str());
   }
   return r.interrupted ? 130 : 0;
 }
@@ -224,9 +233,10 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   const nlohmann::json summary = nlohmann::json::parse(read_file((fs::path(out_dir) / "summary.json").string()));
   std::printf(
       "done: measured step %.3f s, %.0f tokens/s; simulated %.3f s (measured / simulated %.2f); planned %.0f "
-      "tokens/s\ntraces: %s/trace_measured.json beside trace_predicted.json\n",
+      "tokens/s\ntraces: %s/trace_measured.json beside trace_predicted.json\n%s",
       summary["measured_step_s"].get<double>(), summary["measured_tokens_per_s"].get<double>(),
-      summary["simulated_step_s"].get<double>(), ratio, summary["planned_tokens_per_s"].get<double>(), out_dir.c_str());
+      summary["simulated_step_s"].get<double>(), ratio, summary["planned_tokens_per_s"].get<double>(), out_dir.c_str(),
+      simulation_miss(ratio, out_dir).c_str());
   if (files.plan.empty()) {  // a given plan was made elsewhere: its baselines are not this planner's to state
     std::printf("predicted baselines:\n%s",
                 format_baselines(plan_baselines(left ? *left : costs, in.run.plan, job_planner_options(planned_on)),

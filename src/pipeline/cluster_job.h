@@ -44,6 +44,10 @@ PlannerOptions job_planner_options(const Cluster& cluster);
 // after the plan file's name; empty when the plan was costed for what runs.
 std::string costed_otherwise(const Plan& plan, const TrainSetup& runs);
 
+// What to tell the user when a run's measured step misses its simulation by more than 10% (measured / simulated
+// `ratio`): by how much, and that `h2 calibrate` fits the cluster's figures to the run in `out_dir`; empty within 10%.
+std::string simulation_miss(double ratio, const std::string& out_dir);
+
 struct DriverOptions {
   bool profile = false;  // measure the chips and links first (h2 profile) and plan on the measured cluster
   bool quiet = false;    // no progress lines from rank 0

@@ -83,6 +83,17 @@ TEST(ClusterJobPrecision, APlanCostedForAnotherPrecisionIsSaidSo) {
               HasSubstr("was costed for bf16 (published systems'); this run trains in bf16 (H2's runtime)"));
 }
 
+// Beyond 10% either way, the run's summary says by how much and names the fix with the run's directory.
+TEST(ClusterJobReport, ARunMissingItsSimulationByMoreThanTenPercentNamesTheFix) {
+  EXPECT_EQ(simulation_miss(1.0, "runs/x"), "");
+  EXPECT_EQ(simulation_miss(1.09, "runs/x"), "");
+  EXPECT_EQ(simulation_miss(0.91, "runs/x"), "");
+  EXPECT_THAT(simulation_miss(1.16, "runs/x"),
+              HasSubstr("the run took 16% longer than simulated; h2 calibrate runs/x"));
+  EXPECT_THAT(simulation_miss(0.8, "runs/y"),
+              HasSubstr("the run took 20% less time than simulated; h2 calibrate runs/y"));
+}
+
 TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
   // Enough cores: the fastest type runs at the host's speed.
   EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "fast", 8).speed, 1.0);
