@@ -92,6 +92,7 @@ struct StageComms {
   Communicator tp;   // this replica's TP ranks, rank = TP rank
   // When the first and the last stage have the same DP and TP: this rank and its counterpart at the other end
   // (same replica and TP rank, so the same vocabulary rows), whose tied embedding gradients one all-reduce sums;
+  // the same DP but not TP: this replica's ranks at both ends (one all-reduce of the whole vocabulary's rows);
   // otherwise this rank alone (the rows are exchanged range by range over `all`).
   Communicator tied;
   static StageComms split(Communicator& world, const StageLayout& layout);

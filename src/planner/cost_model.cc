@@ -186,9 +186,9 @@ double CostModel::dp_allreduce_s(const std::vector<int>& chips, int tp, int dp, 
   return ring_allreduce_s(params_per_device * k_.bytes.grad, dp, gbps, latency_us);
 }
 
-double CostModel::tied_allreduce_s(int a, int b, double params) const {
+double CostModel::tied_allreduce_s(int a, int b, double params, int ranks) const {
   const GroupLink link = cluster_.link(a, b);
-  return ring_allreduce_s(params * k_.bytes.grad, 2, link.bandwidth_gbps, link.latency_us);
+  return ring_allreduce_s(params * k_.bytes.grad, ranks, link.bandwidth_gbps, link.latency_us);
 }
 
 double CostModel::optimizer_s(int chip, int dp, double params_per_device, int tensors) const {

@@ -75,8 +75,9 @@ class CostModel {
   // device-direct.
   double dp_allreduce_s(const std::vector<int>& chips, int tp, int dp, double params_per_device) const;
   // The tied token embedding's gradient summed between the first stage (chip a) and the last (chip b), which
-  // keep identical copies (Megatron-LM's embedding group): a 2-rank all-reduce over the link between them.
-  double tied_allreduce_s(int a, int b, double params) const;
+  // keep identical copies (Megatron-LM's embedding group): an all-reduce of `params` over `ranks` ranks (2: a rank
+  // and its counterpart; the ends' TP unlike: a replica's ranks at both ends, the whole vocabulary) over the link.
+  double tied_allreduce_s(int a, int b, double params, int ranks = 2) const;
   // The optimizer step over a device's parameters in `tensors` tensors (a kernel or two each).
   double optimizer_s(int chip, int dp, double params_per_device, int tensors) const;
   double flops_rate(int chip) const;  // the chip's achievable matmul rate in this setup's precision

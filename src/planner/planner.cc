@@ -325,9 +325,13 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     for (const StageTerms& share : t.members()) types.push_back(share.chip);
     st.dp_allreduce_s = c.dp_allreduce_s(types, t.tp, t.dp, params);
     if (p > 1 && s.tied_embeddings && (t.embedding || t.head)) {
-      // Each rank exchanges its vocabulary rows with the other end's ranks that hold them.
-      st.tied_allreduce_s =
-          c.tied_allreduce_s(terms.front().chip, terms.back().chip, static_cast<double>(s.vocab * s.hidden) / t.tp);
+      // As the runtime sums them (pipeline/runtime.h, StageComms::tied): the ends' DP and TP alike, each rank with
+      // its counterpart, its rows; the DP alike, a replica's ranks at both ends, the whole vocabulary's rows; else
+      // each rank its rows with the other end's ranks that hold them.
+      const StageTerms &a = terms.front(), &z = terms.back();
+      const double rows = static_cast<double>(s.vocab * s.hidden);
+      st.tied_allreduce_s = a.dp == z.dp && a.tp != z.tp ? c.tied_allreduce_s(a.chip, z.chip, rows, a.tp + z.tp)
+                                                         : c.tied_allreduce_s(a.chip, z.chip, rows / t.tp);
     }
     const double e = st.forward_s + st.backward_s;
     sum_e += e;

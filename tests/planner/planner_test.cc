@@ -214,6 +214,25 @@ TEST(CostModel, ElementwiseKernelsTakeTheirOwnBandwidth) {
                    2000);
 }
 
+// The tied embedding's gradient, summed as the runtime sums it: ends of the same DP and TP, each rank with its
+// counterpart (its 1/TP of the rows); the same DP but TP 1 and 2, one all-reduce of the whole vocabulary over the
+// three ranks. On X (first) and Z (last): 10 GB/s, 10 us; 32,000 x 2,048 rows x 2 bytes (the setup's default
+// precision: bf16 as the published systems hold it, bf16 gradients).
+TEST(CostModel, TheTiedEmbeddingIsSummedAsTheRuntimeSumsIt) {
+  const CostModel costs(cluster_of(kSmallCluster), small_model(2), TrainSetup{.global_batch = 8, .zero1 = false});
+  const auto tied = [&](int tp_first, int tp_last) {
+    LayoutSpec spec;
+    spec.layout.micro_batch = 1;
+    spec.layout.stages = {{.chip = 0, .tp = tp_first, .dp = 1}, {.chip = 2, .tp = tp_last, .dp = 1}};
+    spec.layers = {1, 1};
+    spec.recompute = {Recompute::kFull, Recompute::kFull};
+    return cost_layout(costs, spec).stages.front().tied_allreduce_s;
+  };
+  const double bytes = 32'000.0 * 2'048 * 2;
+  EXPECT_NEAR(tied(2, 2), 2 * 0.5 * bytes / 2 / 10e9 + 2 * 10e-6, 1e-12);  // 2 ranks, half the rows
+  EXPECT_NEAR(tied(1, 2), 2 * 2.0 / 3 * bytes / 10e9 + 4 * 10e-6, 1e-12);  // 3 ranks, every row
+}
+
 TEST(CostModel, MatchesClosedForms) {
   const Cluster c = cluster_of(kSmallCluster);
   TrainSetup t{.global_batch = 8, .zero1 = false};

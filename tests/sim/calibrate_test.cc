@@ -214,5 +214,25 @@ TEST(Calibrate, AStageWithoutBlocksDoesNotFitItsChipsCompute) {
   EXPECT_NEAR(c.cluster.chips[2].peak_tflops / start.chips[2].peak_tflops, 1, 1e-3);  // Z's blocks ran as predicted
 }
 
+// The head alone is the vocabulary's GEMM — compute, unlike the embedding's gather: a head-only stage whose chip
+// truly computes at twice its figure fits that chip's compute x2, and leaves the other chip's alone (until
+// 2026-12-04 only stages with blocks fitted it, and the built-in example's fast chips, which hold the head alone,
+// kept their profiled figure whatever the run measured).
+TEST(Calibrate, TheHeadAloneFitsItsChipsCompute) {
+  const Cluster start = cluster_of(kCluster);
+  const std::vector<Layout::Slot> stages = {{.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}};
+  const Plan plan = costed(start, stages, {4, 0});
+  ASSERT_TRUE(plan.stages[1].head);
+  ASSERT_EQ(plan.stages[1].layers, 0);
+  Cluster truth = start;
+  truth.chips[2].peak_tflops *= 2;
+  const Plan truth_plan = costed(truth, stages, {4, 0});
+  const MeasuredRun measured =
+      read_measured_run(synthetic_trace(truth_plan), plan, simulate(truth_plan).step_s, "synthetic");
+  const Calibration c = calibrate(plan, start, measured);
+  EXPECT_NEAR(c.cluster.chips[2].peak_tflops / start.chips[2].peak_tflops, 2, 1e-3);
+  EXPECT_NEAR(c.cluster.chips[1].peak_tflops / start.chips[1].peak_tflops, 1, 1e-3);
+}
+
 }  // namespace
 }  // namespace h2
