@@ -205,10 +205,11 @@ class StageRunner {
   std::vector<int> slot_holds_;  // per activation slot: the micro-batch it holds, or -1
   std::vector<Transfer> from_prev_, to_next_, from_next_, to_prev_;  // this rank's pieces at its boundaries
   int64_t p2p_bytes_sent_ = 0;
-  TiedExchange tied_;           // and its rows of the tied embedding
-  std::vector<Tensor> stash_;   // per slot: the stage's input activations (not on the first stage)
-  std::vector<Tensor> tokens_;  // per slot: the first stage's tokens (the embedding's backward reads them)
-  std::vector<Tensor> gout_;    // input gradients being sent, used in turn (not on the first stage)
+  TiedExchange tied_;             // and its rows of the tied embedding
+  std::vector<float> tied_rows_;  // the whole vocabulary's rows, when the ends' TP differ (reduce_tied_embedding)
+  std::vector<Tensor> stash_;     // per slot: the stage's input activations (not on the first stage)
+  std::vector<Tensor> tokens_;    // per slot: the first stage's tokens (the embedding's backward reads them)
+  std::vector<Tensor> gout_;      // input gradients being sent, used in turn (not on the first stage)
   int gout_next_ = 0;
   std::vector<int> gout_of_;  // per micro-batch of the step: its gradient buffer
   Tensor targets_, dout_, norm_acc_;
