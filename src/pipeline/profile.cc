@@ -461,6 +461,23 @@ void wait_for_turn(Communicator& world, int from) {
 // count a kernel's work as the least its shapes have done (device/emu/device.h), which is what it does without
 // other ranks in the host's caches — what a rank measures alone. Then the link, every rank at once; rank 0 writes
 // what the measuring ranks found.
+std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int passes) {
+  std::vector<int> turns;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (size_t r = 0; r < rank_chips.size(); ++r) {
+      if (std::find(rank_chips.begin(), rank_chips.begin() + static_cast<std::ptrdiff_t>(r), rank_chips[r]) ==
+          rank_chips.begin() + static_cast<std::ptrdiff_t>(r)) {
+        turns.push_back(static_cast<int>(r));
+      }
+    }
+  }
+  return turns;
+}
+
+const ChipMeasurement& faster_measurement(const ChipMeasurement& a, const ChipMeasurement& b) {
+  return b.layer_s + b.head_s < a.layer_s + a.head_s ? b : a;
+}
+
 void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, Precision precision,
                   const std::string& out) {
   const Cluster cluster = load_cluster_arg(cluster_file);
@@ -470,20 +487,10 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   omp_set_num_threads(threads_per_rank(cluster));
   world.barrier();
   const int me = world.rank();
-  const auto measures = [&](int r) {
-    return std::find(chips.begin(), chips.begin() + r, chips[static_cast<size_t>(r)]) == chips.begin() + r;
-  };
   // The measuring ranks, in order, twice: each tells the next when it is done, the last tells all. Each chip type
-  // keeps the faster of its two measurements (by its block and head together): a pass the host slowed for seconds
-  // (another tenant) is not what training sees over minutes, where an emulated chip's kernels take the least work
-  // their shapes have done (measured: one profile in four put the fast chips' block 35% slower than the others).
-  constexpr int kPasses = 2;
-  std::vector<int> turns;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    for (int r = 0; r < world.size(); ++r) {
-      if (measures(r)) turns.push_back(r);
-    }
-  }
+  // keeps the faster of its two measurements (measured: one profile in four put the fast chips' block 35% slower
+  // than the others).
+  const std::vector<int> turns = measuring_turns(chips, /*passes=*/2);
   const auto tell = [&](int to) {
     const char done = 1;
     std::unique_ptr<Request> s = world.isend(&done, 1, to, /*tag=*/1);
@@ -496,7 +503,7 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
     if (t > 0 && turns[t - 1] != me) wait_for_turn(world, turns[t - 1]);
     const ChipMeasurement pass =
         measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, /*min_seconds=*/2.0);
-    if (!measured || pass.layer_s + pass.head_s < m.layer_s + m.head_s) m = pass;
+    m = measured ? faster_measurement(m, pass) : pass;
     measured = true;
     if (t + 1 < turns.size() && turns[t + 1] != me) tell(turns[t + 1]);
   }
@@ -519,8 +526,7 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   world.all_gather(all.data(), mine.data(), mine.size(), DType::kF32);
   if (world.rank() == 0) {
     nlohmann::json ranks = nlohmann::json::array();
-    for (int r = 0; r < world.size(); ++r) {
-      if (!measures(r)) continue;
+    for (const int r : measuring_turns(chips, /*passes=*/1)) {
       std::vector<double> figures(all.begin() + static_cast<long>(static_cast<size_t>(r) * mine.size()),
                                   all.begin() + static_cast<long>((static_cast<size_t>(r) + 1) * mine.size()));
       ranks.push_back({{"chip", chips[static_cast<size_t>(r)]}, {"figures", figures}});

@@ -115,6 +115,14 @@ struct ProfileJob {
 };
 void profile_cluster(const ProfileJob& job);
 
+// The order in which profile_rank's ranks measure, one at a time: the first rank of each chip type (`rank_chips`
+// names each rank's), in rank order, `passes` times over.
+std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int passes);
+// Of two measurements of one chip type, the one profile_rank keeps: the faster by its block and head together — a
+// pass the host slowed for seconds (another tenant) is not what training sees over minutes, where an emulated
+// chip's kernels take the least work their shapes have done.
+const ChipMeasurement& faster_measurement(const ChipMeasurement& a, const ChipMeasurement& b);
+
 // One measuring rank (a process started by profile_cluster): joins the job, measures, and rank 0 writes what
 // every rank found to `raw_out` (JSON).
 void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, Precision precision,

@@ -258,10 +258,10 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
   // Last, a chip's kernels (forward and backward, one factor): what remains of those times once the memory-bound
   // kernels and the links are fitted - on stages that hold blocks or the head (the vocabulary's GEMM); the embedding
   // alone, a gather, says little of them.
-  const auto with_blocks = [](const StagePlan& s, size_t) { return s.layers > 0 || s.head; };
+  const auto with_blocks_or_head = [](const StagePlan& s, size_t) { return s.layers > 0 || s.head; };
   for (size_t ci = 0; ci < c.chips.size(); ++ci) {
     fit(
-        cat(c.chips[ci].name, " compute (forward + backward)"), stages_on(static_cast<int>(ci), with_blocks),
+        cat(c.chips[ci].name, " compute (forward + backward)"), stages_on(static_cast<int>(ci), with_blocks_or_head),
         [](const Classes& k) { return k.forward_s + k.backward_s; },
         [](const MeasuredStage& m) { return m.forward_s + m.backward_s; },
         [ci](Cluster& x, double k) {

@@ -52,5 +52,24 @@ TEST(MatmulFit, FewerThanFourGemmsGiveTheirRateAlone) {
   EXPECT_EQ(fit.element_s, (std::array<double, 3>{}));
 }
 
+// h2 profile measures one rank of each chip type at a time, in rank order, each pass over all of them: ranks of
+// chips {fast, fast, slow, slow, mid}, two passes -> 0, 2, 4, then 0, 2, 4 again.
+TEST(ProfileTurns, TheFirstRankOfEachChipTypeOncePerPass) {
+  EXPECT_EQ(measuring_turns({"fast", "fast", "slow", "slow", "mid"}, 2), (std::vector<int>{0, 2, 4, 0, 2, 4}));
+  EXPECT_EQ(measuring_turns({"slow", "fast", "slow"}, 1), (std::vector<int>{0, 1}));
+}
+
+// Of two passes, the faster by block and head together: a pass with the faster block but a head slower by more is
+// not kept.
+TEST(ProfileTurns, KeepsThePassWhoseBlockAndHeadTogetherAreFaster) {
+  ChipMeasurement first, second;
+  first.layer_s = 1.0, first.head_s = 1.0;    // 2.0 s
+  second.layer_s = 0.9, second.head_s = 1.2;  // 2.1 s: the faster block, the slower whole
+  EXPECT_EQ(&faster_measurement(first, second), &first);
+  second.head_s = 1.0;  // 1.9 s
+  EXPECT_EQ(&faster_measurement(first, second), &second);
+  EXPECT_EQ(&faster_measurement(second, first), &second);
+}
+
 }  // namespace
 }  // namespace h2
