@@ -107,15 +107,38 @@ MeasuredRun read_measured_run(const std::string& trace_json, const Plan& plan, d
       start = from;
     }
   }
+  // A stage's gradient all-reduce begins when its last device reaches it: the devices before it wait there (a
+  // replica of a faster chip type, or one the host slowed less). Its time is what follows that arrival.
+  std::map<int, std::vector<std::vector<std::pair<double, double>>*>> reduce_of_stage;  // virtual stage -> per rank
+  for (auto& [key, list] : by) {
+    if (std::get<0>(key) != kReduce) continue;
+    std::sort(list.begin(), list.end());
+    reduce_of_stage[std::get<1>(key)].push_back(&list);
+  }
+  for (auto& [stage, lists] : reduce_of_stage) {
+    size_t steps = SIZE_MAX;
+    for (const auto* list : lists) steps = std::min(steps, list->size());
+    for (size_t k = 0; k < steps; ++k) {
+      double last = 0;
+      for (const auto* list : lists) last = std::max(last, (*list)[k].first);
+      for (auto* list : lists) {
+        auto& [start, dur] = (*list)[k];
+        dur = std::max(0.0, start + dur - last);
+        start = last;
+      }
+    }
+  }
   // Per class and physical stage, one value per step: per rank its chunks' actions of the step summed (forward and
-  // backward: averaged over the step's micro-batches), then the mean over the stage's ranks.
+  // backward: averaged over the step's micro-batches), then the mean over the stage's ranks (those `keep` keeps).
   // `start`: per step, when the stage's first chunk began it (the latest of its ranks).
-  auto per_step = [&](int cls, int stage, std::vector<double>* start = nullptr) {
+  auto per_step = [&](int cls, int stage, std::vector<double>* start = nullptr,
+                      const std::function<bool(int)>& keep = nullptr) {
     const size_t per = cls == kForward || cls == kBackward ? static_cast<size_t>(plan.num_micro_batches) : 1;
     std::map<int, std::vector<double>> by_rank, start_by_rank;  // rank -> per step
     for (int c = 0; c < plan.chunks; ++c) {
       for (auto [key, list] : by) {
         if (std::get<0>(key) != cls || std::get<1>(key) != stage + c * p) continue;
+        if (keep && !keep(std::get<2>(key))) continue;
         std::sort(list.begin(), list.end());
         std::vector<double>& d = by_rank[std::get<2>(key)];
         d.resize(std::max(d.size(), list.size() / per), 0.0);
@@ -150,8 +173,25 @@ MeasuredRun read_measured_run(const std::string& trace_json, const Plan& plan, d
   run.step_s = step_s;
   run.stages.resize(static_cast<size_t>(p));
   std::vector<std::vector<double>> reduce_start(static_cast<size_t>(p));
+  int first_rank = 0;  // world ranks are stage-major, then replica, then TP rank (as the runtime lays them out)
   for (int i = 0; i < p; ++i) {
     MeasuredStage& m = run.stages[static_cast<size_t>(i)];
+    const StagePlan& s = plan.stages[static_cast<size_t>(i)];
+    int replica = 0;
+    for (const ReplicaGroup& g : s.groups) {
+      const int from = first_rank + replica * s.tp, to = from + g.replicas * s.tp;
+      const auto in_group = [from, to](int rank) { return rank >= from && rank < to; };
+      const std::vector<double> f = per_step(kForward, i, nullptr, in_group),
+                                b = per_step(kBackward, i, nullptr, in_group);
+      if (f.empty() || b.empty()) {
+        throw Error(ErrorCode::kConfig,
+                    cat(source, ": stage ", i, "'s ", g.chip, " replicas (ranks ", from, "-", to - 1,
+                        ") have no forward or backward in a whole step (a trace of another plan?)"));
+      }
+      m.groups.push_back({mean_after_warm_up(f), mean_after_warm_up(b)});
+      replica += g.replicas;
+    }
+    first_rank += s.devices();
     const std::pair<int, const char*> needed[] = {
         {kForward, "forward"}, {kBackward, "backward"}, {kOptim, "optimizer step"}};
     double* into[] = {&m.forward_s, &m.backward_s, &m.optimizer_s};
@@ -192,35 +232,54 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
   out.cluster.name = planned_on.name + "-calibrated";
   out.cluster.figures = Figures::kCalibrated;
   Cluster& c = out.cluster;
-  // One coefficient: the scale of the figures `apply` changes at which the predicted sum of a class over some
-  // stages equals the measured sum; applied to the calibrated cluster, and said in `fitted`.
-  using Of = std::function<double(const Classes&)>;
-  using Measured = std::function<double(const MeasuredStage&)>;
-  auto fit = [&](const std::string& what, const std::vector<size_t>& stages, const Of& cls, const Measured& meas,
+  // One coefficient: the scale of the figures `apply` changes at which the predicted sum of some terms (a class of
+  // a stage, or of a stage's group) equals the measured sum; applied to the calibrated cluster and said in
+  // `fitted` — unless no scale reaches the measurement (then left alone, and that said).
+  struct Term {
+    std::function<double(const Plan&)> predicted;
+    double measured_s;
+  };
+  auto fit = [&](const std::string& what, const std::vector<Term>& terms,
                  const std::function<void(Cluster&, double)>& apply) {
     double target = 0;
-    for (size_t i : stages) target += meas(measured.stages[i]);
-    if (stages.empty() || target <= 0) return;
+    for (const Term& t : terms) target += t.measured_s;
+    if (terms.empty() || target <= 0) return;
     auto predicted = [&](double k) {
       Cluster scaled = c;
       apply(scaled, k);
       const Plan q = recost(scaled);
       double sum = 0;
-      for (size_t i : stages) sum += cls(classes_of(q, i));
+      for (const Term& t : terms) sum += t.predicted(q);
       return sum;
     };
-    const double k = fit_scale(predicted, target);
     const double was = predicted(1.0);
+    if (std::abs(predicted(1e-3) / predicted(1e3) - 1) < 1e-9) {
+      out.fitted.push_back(cat(what, ": not fitted (this run's prediction does not depend on it)"));
+      return;
+    }
+    const double k = fit_scale(predicted, target), reached = predicted(k);
+    if (std::abs(reached / target - 1) > 0.01) {
+      out.fitted.push_back(cat(what, ": not fitted (predicted ", format_seconds(was), ", measured ",
+                               format_seconds(target), "; ", format_seconds(reached), " at x", format("%.3g", k),
+                               ", the nearest any scale comes: what remains is not this figure's)"));
+      return;
+    }
     apply(c, k);
     out.fitted.push_back(cat(what, ": x", format("%.3g", k), " (predicted ", format_seconds(was), " -> ",
                              format_seconds(predicted(1.0)), ", measured ", format_seconds(target), ")"));
   };
-  auto stages_on = [&](int chip, const std::function<bool(const StagePlan&, size_t)>& keep) {
-    std::vector<size_t> out_stages;
+  // A class of the stages on `chip` whose replicas are all of it, that `keep` keeps.
+  using Of = double (*)(const Classes&);
+  using Measured = double (*)(const MeasuredStage&);
+  auto terms_on = [&](int chip, const std::function<bool(const StagePlan&, size_t)>& keep, Of cls, Measured meas) {
+    std::vector<Term> terms;
     for (size_t i = 0; i < p; ++i) {
-      if (before.stages[i].chip_index == chip && keep(before.stages[i], i)) out_stages.push_back(i);
+      const StagePlan& s = before.stages[i];
+      if (s.groups.empty() && s.chip_index == chip && keep(s, i)) {
+        terms.push_back({[cls, i](const Plan& q) { return cls(classes_of(q, i)); }, meas(measured.stages[i])});
+      }
     }
-    return out_stages;
+    return terms;
   };
   const Of optimizer = [](const Classes& k) { return k.optimizer_s; };
   const Of reduce = [](const Classes& k) { return k.reduce_s; };
@@ -232,20 +291,26 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
   for (size_t ci = 0; ci < c.chips.size(); ++ci) {
     const int chip = static_cast<int>(ci);
     const std::string& name = c.chips[ci].name;
-    fit(cat(name, " memory bandwidth (optimizer)"), stages_on(chip, all), optimizer, measured_optimizer,
+    fit(cat(name, " memory bandwidth (optimizer)"), terms_on(chip, all, optimizer, measured_optimizer),
         [ci](Cluster& x, double k) { x.chips[ci].memory_bandwidth_gbps *= k; });
     fit(cat(name, " data-parallel links (gradient all-reduce)"),
-        stages_on(chip, [&](const StagePlan& s, size_t i) { return s.dp > 1 && !plan.zero1 && !at_end(i); }), reduce,
-        measured_reduce, [ci](Cluster& x, double k) {
+        terms_on(
+            chip, [&](const StagePlan& s, size_t i) { return s.dp > 1 && !plan.zero1 && !at_end(i); }, reduce,
+            measured_reduce),
+        [ci](Cluster& x, double k) {
           x.groups[ci].intra_node_gbps *= k;
           x.groups[ci].nic_gbps *= k;
         });
   }
-  if (tied && measured.tied_last_end >= 0) {
+  if (tied && measured.tied_last_end >= 0 && before.stages.front().groups.empty() &&
+      before.stages.back().groups.empty()) {
     const int a = before.stages.front().chip_index, b = before.stages.back().chip_index;
     fit(cat("link ", c.chips[static_cast<size_t>(a)].name, " - ", c.chips[static_cast<size_t>(b)].name,
             " (tied embedding exchange)"),
-        {static_cast<size_t>(measured.tied_last_end)}, reduce, measured_reduce, [a, b](Cluster& x, double k) {
+        {Term{
+            [end = static_cast<size_t>(measured.tied_last_end)](const Plan& q) { return classes_of(q, end).reduce_s; },
+            measured.stages[static_cast<size_t>(measured.tied_last_end)].reduce_s}},
+        [a, b](Cluster& x, double k) {
           if (a == b) {
             x.groups[static_cast<size_t>(a)].nic_gbps *= k;
             return;
@@ -260,17 +325,26 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
   // alone, a gather, says little of them.
   const auto with_blocks_or_head = [](const StagePlan& s, size_t) { return s.layers > 0 || s.head; };
   for (size_t ci = 0; ci < c.chips.size(); ++ci) {
-    fit(
-        cat(c.chips[ci].name, " compute (forward + backward)"), stages_on(static_cast<int>(ci), with_blocks_or_head),
-        [](const Classes& k) { return k.forward_s + k.backward_s; },
-        [](const MeasuredStage& m) { return m.forward_s + m.backward_s; },
-        [ci](Cluster& x, double k) {
-          x.chips[ci].peak_tflops *= k;
-          x.chips[ci].peak_tflops_f32 *= k;
-          x.chips[ci].kernel_overhead_us /= k;
-          for (double& ns : x.chips[ci].matmul_element_ns) ns /= k;
-          x.chips[ci].elementwise_gbps *= k;
-        });
+    std::vector<Term> terms = terms_on(
+        static_cast<int>(ci), with_blocks_or_head, [](const Classes& k) { return k.forward_s + k.backward_s; },
+        [](const MeasuredStage& m) { return m.forward_s + m.backward_s; });
+    for (size_t i = 0; i < p; ++i) {  // the replicas of this type in stages that mix types
+      const StagePlan& s = before.stages[i];
+      for (size_t g = 0; g < s.groups.size(); ++g) {
+        if (s.groups[g].chip_index != static_cast<int>(ci) || !with_blocks_or_head(s, i)) continue;
+        const MeasuredStage::Group& m = measured.stages[i].groups[g];
+        terms.push_back(
+            {[i, g](const Plan& q) { return q.stages[i].groups[g].forward_s + q.stages[i].groups[g].backward_s; },
+             m.forward_s + m.backward_s});
+      }
+    }
+    fit(cat(c.chips[ci].name, " compute (forward + backward)"), terms, [ci](Cluster& x, double k) {
+      x.chips[ci].peak_tflops *= k;
+      x.chips[ci].peak_tflops_f32 *= k;
+      x.chips[ci].kernel_overhead_us /= k;
+      for (double& ns : x.chips[ci].matmul_element_ns) ns /= k;
+      x.chips[ci].elementwise_gbps *= k;
+    });
   }
   const Plan after = recost(c);
   for (size_t i = 0; i < p; ++i) {
@@ -278,8 +352,16 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
     const std::string stage = cat("stage ", i, " (", s.chip, ", TP ", s.tp, " x DP ", s.dp, ") ");
     const Classes b = classes_of(before, i), a = classes_of(after, i);
     const MeasuredStage& m = measured.stages[i];
-    out.rows.push_back({stage + "forward", b.forward_s, m.forward_s, a.forward_s});
-    out.rows.push_back({stage + "backward", b.backward_s, m.backward_s, a.backward_s});
+    if (s.groups.empty()) {
+      out.rows.push_back({stage + "forward", b.forward_s, m.forward_s, a.forward_s});
+      out.rows.push_back({stage + "backward", b.backward_s, m.backward_s, a.backward_s});
+    }
+    for (size_t g = 0; g < s.groups.size(); ++g) {  // replicas of several types: each type's own
+      const std::string group = cat(stage, s.groups[g].chip, " x", s.groups[g].replicas, " ");
+      const ReplicaGroup &gb = before.stages[i].groups[g], &ga = after.stages[i].groups[g];
+      out.rows.push_back({group + "forward", gb.forward_s, m.groups[g].forward_s, ga.forward_s});
+      out.rows.push_back({group + "backward", gb.backward_s, m.groups[g].backward_s, ga.backward_s});
+    }
     if (b.reduce_s > 0 || m.reduce_s > 0) {
       const bool waits = at_end(i) && measured.tied_last_end >= 0 && i != static_cast<size_t>(measured.tied_last_end);
       out.rows.push_back({stage + (waits ? "reduce + wait" : "reduce"), b.reduce_s, m.reduce_s, a.reduce_s});

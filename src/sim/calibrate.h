@@ -8,7 +8,11 @@
 //   3. the link between the pipeline's ends, from the tied embedding's exchange: the REDUCE_GRAD of the end that
 //      reaches it last (the other end's includes waiting for it), with its DP part as step 2 predicts it;
 //   4. a chip type's compute (its peak rates up, its fixed per-kernel cost down, by one factor), from its
-//      stages' forward and backward per micro-batch, which include their tensor-parallel all-reduces.
+//      stages' forward and backward per micro-batch, which include their tensor-parallel all-reduces — in a stage
+//      whose replicas mix chip types, from its replicas of that type alone.
+// A stage whose replicas mix chip types fits only compute: its optimizer steps and its ring are those of several
+// types at once. A coefficient that no scale in [1e-3, 1e3] brings to the measurement (a floor the figure does not
+// move: the fixed costs of the optimizer's kernels) is left as it was, and said so.
 // Pipeline sends are not fitted: the runtime's sends are asynchronous and their receives include waiting.
 #pragma once
 
@@ -20,11 +24,19 @@
 
 namespace h2 {
 
-// What a run measured, per stage of its plan: medians over steps, micro-batches and the stage's devices.
+// What a run measured, per stage of its plan: means over the steps after the warm-up, micro-batches and the
+// stage's devices.
 struct MeasuredStage {
   double forward_s = 0, backward_s = 0;  // per micro-batch, all of the stage's chunks
-  double reduce_s = 0;                   // per step: REDUCE_GRAD (at the ends with the tied exchange)
-  double optimizer_s = 0;                // per step: OPTIM
+  // Per entry of the stage's groups (replicas that mix chip types), its devices alone; empty without groups.
+  struct Group {
+    double forward_s = 0, backward_s = 0;
+  };
+  std::vector<Group> groups;
+  // Per step: REDUCE_GRAD (at the ends with the tied exchange) from the stage's last device to reach it: the
+  // devices before it wait there (a replica of a faster type, one the host slowed less).
+  double reduce_s = 0;
+  double optimizer_s = 0;  // per step: OPTIM
 };
 struct MeasuredRun {
   std::vector<MeasuredStage> stages;

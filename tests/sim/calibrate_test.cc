@@ -70,6 +70,25 @@ TEST(Calibrate, ReadsEachClassAsTrainMeasuresItsStep) {
   EXPECT_DOUBLE_EQ(m.step_s, 2.5);
 }
 
+// The devices of a stage that reach its REDUCE_GRAD first wait there for the last: the all-reduce is timed from
+// the last arrival. Rank 0 starts at 100 ms, rank 1 at 130; both end at 140: 10 ms each, not (40 + 10) / 2.
+TEST(Calibrate, AStagesReduceIsTimedFromItsLastDevice) {
+  Plan plan;
+  plan.num_micro_batches = 1;
+  plan.stages.resize(1);
+  plan.stages[0].dp = 2;
+  nlohmann::json events = nlohmann::json::array();
+  for (int r : {0, 1}) {
+    events.push_back(event("0F0", r, 0, 10));
+    events.push_back(event("0B0", r, 10, 20));
+    events.push_back(event("0OPTIM", r, 150, 5));
+  }
+  events.push_back(event("0REDUCE_GRAD", 0, 100, 40));
+  events.push_back(event("0REDUCE_GRAD", 1, 130, 10));
+  const MeasuredRun m = read_measured_run(nlohmann::json{{"traceEvents", events}}.dump(), plan, 1, "trace.json");
+  EXPECT_NEAR(m.stages[0].reduce_s, 10e-3, 1e-12);
+}
+
 TEST(Calibrate, RejectsATraceOfAnotherPlan) {
   nlohmann::json events = {event("5F0", 0, 0, 1)};
   try {
@@ -114,23 +133,28 @@ links:
 )";
 
 // The trace a run of `truth` (a plan costed with the true figures) writes: every rank of every stage, 3 steps,
-// the forward and backward of each micro-batch, then REDUCE_GRAD (DP all-reduce and tied exchange; the first
-// stage reaches the exchange 5 ms early and waits) and OPTIM (the last stage 3 ms early, waiting for the norm).
+// the forward and backward of each micro-batch (a replica of a stage that mixes chip types: its group's), then
+// REDUCE_GRAD (DP all-reduce and tied exchange; the first stage reaches the exchange 5 ms early and waits, and in a
+// stage that mixes types every group but the first arrives 7 ms early and waits for it) and OPTIM (the last stage 3
+// ms early, waiting for the norm).
 std::string synthetic_trace(const Plan& truth) {
   nlohmann::json events = nlohmann::json::array();
   int rank = 0;
   for (size_t i = 0; i < truth.stages.size(); ++i) {
     const StagePlan& s = truth.stages[i];
     for (int d = 0; d < s.devices(); ++d, ++rank) {
+      const int replica = d / s.tp;
+      const ReplicaGroup g = s.group_of(replica);
+      const bool early = !s.groups.empty() && replica >= s.groups.front().replicas;
       for (int k = 0; k < 3; ++k) {
         double t = 1e5 * k;
         for (int j = 0; j < truth.num_micro_batches; ++j) {
-          events.push_back(event(cat(i, "F", j), rank, t, s.forward_s * 1e3));
-          t += s.forward_s * 1e3;
-          events.push_back(event(cat(i, "B", j), rank, t, s.backward_s * 1e3));
-          t += s.backward_s * 1e3;
+          events.push_back(event(cat(i, "F", j), rank, t, g.forward_s * 1e3));
+          t += g.forward_s * 1e3;
+          events.push_back(event(cat(i, "B", j), rank, t, g.backward_s * 1e3));
+          t += g.backward_s * 1e3;
         }
-        const double wait = i == 0 ? 5 : 0;
+        const double wait = (i == 0 ? 5 : 0) + (early ? 7 : 0);
         const double reduce = (s.dp_allreduce_s + s.tied_allreduce_s) * 1e3;
         events.push_back(event(cat(i, "REDUCE_GRAD"), rank, 1e5 * k + 5e4 - wait, reduce + wait));
         // The last stage reaches the optimizer 3 ms early and waits there for the global gradient norm.
@@ -232,6 +256,59 @@ TEST(Calibrate, TheHeadAloneFitsItsChipsCompute) {
   const Calibration c = calibrate(plan, start, measured);
   EXPECT_NEAR(c.cluster.chips[2].peak_tflops / start.chips[2].peak_tflops, 2, 1e-3);
   EXPECT_NEAR(c.cluster.chips[1].peak_tflops / start.chips[1].peak_tflops, 1, 1e-3);
+}
+
+// A stage whose replicas mix chip types: each type's compute is fitted from its own replicas (X's planted at half
+// its figure, Y's right), not from the stage's mean over all of them, and the all-reduce from the last to arrive
+// (Y's replicas wait 7 ms for X's in the trace). Before 2026-12-04 a 16-device run's mixed stage fitted one chip's
+// compute from every type's replicas and its links at x0.03 from the fast replicas' waiting.
+TEST(Calibrate, AStageOfMixedTypesFitsEachTypeFromItsOwnReplicas) {
+  const Cluster start = cluster_of(kCluster);
+  const std::vector<Layout::Slot> stages = {
+      {.chip = 0,
+       .tp = 1,
+       .dp = 2,
+       .mix = {{.chip = 0, .replicas = 1, .rows = 1}, {.chip = 1, .replicas = 1, .rows = 1}}},
+      {.chip = 2, .tp = 1, .dp = 2}};
+  const Plan plan = costed(start, stages, {2, 2});
+  ASSERT_EQ(plan.stages[0].groups.size(), 2u);
+  Cluster truth = start;
+  truth.chips[0].peak_tflops *= 0.5;
+  const Plan truth_plan = costed(truth, stages, {2, 2});
+  const MeasuredRun measured =
+      read_measured_run(synthetic_trace(truth_plan), plan, simulate(truth_plan).step_s, "synthetic");
+  ASSERT_EQ(measured.stages[0].groups.size(), 2u);
+  EXPECT_NEAR(measured.stages[0].groups[0].forward_s, truth_plan.stages[0].groups[0].forward_s, 1e-9);
+  EXPECT_NEAR(measured.stages[0].groups[1].backward_s, truth_plan.stages[0].groups[1].backward_s, 1e-9);
+  // From X's arrival, which includes the first end's 5 ms wait for the tied exchange.
+  EXPECT_NEAR(measured.stages[0].reduce_s,
+              truth_plan.stages[0].dp_allreduce_s + truth_plan.stages[0].tied_allreduce_s + 5e-3, 1e-9);
+  const Calibration c = calibrate(plan, start, measured);
+  EXPECT_NEAR(c.cluster.chips[0].peak_tflops / start.chips[0].peak_tflops, 0.5, 1e-3);
+  EXPECT_NEAR(c.cluster.chips[1].peak_tflops / start.chips[1].peak_tflops, 1, 1e-3);
+  EXPECT_NEAR(c.cluster.chips[2].peak_tflops / start.chips[2].peak_tflops, 1, 1e-3);
+  const std::string table = format_calibration(c);
+  EXPECT_THAT(table, HasSubstr("stage 0 (Y, TP 1 x DP 2) X x1 forward"));  // the stage's chip: its bounding group's
+  EXPECT_THAT(table, HasSubstr("stage 0 (Y, TP 1 x DP 2) Y x1 backward"));
+  EXPECT_THAT(table, Not(HasSubstr("tied embedding exchange")));  // its ends' replicas are of several types
+}
+
+// A figure no scale brings to its measurement is left alone and said so: Y's optimizer step has a floor of fixed
+// per-kernel costs that its memory bandwidth does not move, and the run measured it at a hundredth of its
+// prediction (before 2026-12-04 the bandwidth went to the clamp, x1000, and stayed there).
+TEST(Calibrate, AFigureNoScaleBringsToItsMeasurementIsLeftAlone) {
+  std::string text = kCluster;
+  text.replace(text.find("memory_bandwidth_gbps: 500, kernel_overhead_us: 0"),
+               std::string("memory_bandwidth_gbps: 500, kernel_overhead_us: 0").size(),
+               "memory_bandwidth_gbps: 500, kernel_overhead_us: 20");
+  const Cluster start = cluster_of(text);
+  const Plan plan = costed(start, {{.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}}, {2, 2});
+  Plan faster = plan;
+  faster.stages[0].optimizer_s *= 0.01;
+  const MeasuredRun measured = read_measured_run(synthetic_trace(faster), plan, simulate(faster).step_s, "synthetic");
+  const Calibration c = calibrate(plan, start, measured);
+  EXPECT_EQ(c.cluster.chips[1].memory_bandwidth_gbps, start.chips[1].memory_bandwidth_gbps);
+  EXPECT_THAT(format_calibration(c), HasSubstr("Y memory bandwidth (optimizer): not fitted"));
 }
 
 }  // namespace
