@@ -442,7 +442,8 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   // sim/calibrate_test.cc, against planted figures).
   const Result cal = run_h2("calibrate " + dir_ + "/full --out " + dir_ + "/calibrated.yaml");
   ASSERT_EQ(cal.status, 0) << cal.output;
-  EXPECT_THAT(cal.output, HasSubstr("slow compute (forward + backward): x"));
+  // Fitted, or "not fitted" when this run's microsecond kernels measured below what any scale of the figure reaches.
+  EXPECT_THAT(cal.output, HasSubstr("slow compute (forward + backward): "));
   EXPECT_THAT(cal.output, HasSubstr("step (simulated)"));
   const Cluster calibrated = load_cluster(ConfigNode::load_file(dir_ + "/calibrated.yaml"));
   EXPECT_EQ(calibrated.figures, Figures::kCalibrated);
