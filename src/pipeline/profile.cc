@@ -457,10 +457,6 @@ void wait_for_turn(Communicator& world, int from) {
 
 }  // namespace
 
-// One chip type at a time, on its first rank, while every other rank sleeps: the training ranks' emulated chips
-// count a kernel's work as the least its shapes have done (device/emu/device.h), which is what it does without
-// other ranks in the host's caches — what a rank measures alone. Then the link, every rank at once; rank 0 writes
-// what the measuring ranks found.
 std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int passes) {
   std::vector<int> turns;
   for (int pass = 0; pass < passes; ++pass) {
@@ -478,6 +474,10 @@ const ChipMeasurement& faster_measurement(const ChipMeasurement& a, const ChipMe
   return b.layer_s + b.head_s < a.layer_s + a.head_s ? b : a;
 }
 
+// One chip type at a time, on its first rank, while every other rank sleeps: the training ranks' emulated chips
+// count a kernel's work as the least its shapes have done (device/emu/device.h), which is what it does without
+// other ranks in the host's caches — what a rank measures alone. Then the link, every rank at once; rank 0 writes
+// what the measuring ranks found.
 void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, Precision precision,
                   const std::string& out) {
   const Cluster cluster = load_cluster_arg(cluster_file);
