@@ -515,9 +515,8 @@ void StageRunner::reduce_tied_embedding() {
   // The ends' DP alike, their TP not: each row has one holder at each end, so one all-reduce of the whole
   // vocabulary's rows (zeros but this rank's own) over the replica's ranks at both ends sums every row's two
   // gradients, on the host, in a buffer kept from step to step. Measured on the built-in cluster (a slow TP-1 end,
-  // a fast TP-2 end, bf16): 0.53 s a step range by range over `all` below (point-to-point messages of 26 MB
-  // through this host's UCX); 0.2 s so with a buffer allocated each step (its first touch: 140-220 ms of the
-  // 51 MB); the all-reduce itself 12 ms.
+  // a fast TP-2 end, bf16; the trace of examples/layout_local.yaml's plan): 0.53 s a step range by range over `all`
+  // below (point-to-point messages of 26 MB through this host's UCX), 21-25 ms so (docs/planner.md).
   if (comms_.tied.size() > 2) {
     tied_rows_.resize(static_cast<size_t>(config_.vocab_size * C));
     const auto own = tied_rows_.begin() + first * C, end = own + wte->grad.numel();

@@ -33,6 +33,32 @@ double fit_scale(const std::function<double(double)>& predicted, double target) 
   return std::exp(0.5 * (lo + hi));
 }
 
+// An event of the trace: start and duration, in seconds.
+using Event = std::pair<double, double>;
+
+// Events that a group's ranks end together (a collective), per rank (its events, `per_step` of them a step): each
+// becomes what follows the last rank's arrival in its step — the ranks before it wait there.
+void time_from_last_arrival(std::map<int, std::vector<Event*>>& ranks, size_t per_step) {
+  std::vector<double> arrival;  // per step
+  for (auto& [rank, list] : ranks) {
+    std::sort(list.begin(), list.end(), [](const Event* a, const Event* b) { return a->first < b->first; });
+    for (size_t k = 0; k < list.size() / per_step; ++k) {
+      if (arrival.size() <= k) arrival.push_back(0);
+      arrival[k] = std::max(arrival[k], list[k * per_step]->first);
+    }
+  }
+  for (auto& [rank, list] : ranks) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const size_t k = i / per_step;
+      if (k >= arrival.size()) continue;
+      auto& [start, dur] = *list[i];
+      const double end = start + dur, from = std::max(start, arrival[k]);
+      dur = std::max(0.0, end - from);
+      start = from;
+    }
+  }
+}
+
 // What the cost model predicts for each measured class of a stage. The runtime's REDUCE_GRAD holds the DP
 // all-reduce (without ZeRO-1; with it the reduce-scatter comes in OPTIM) and the tied embedding's exchange.
 struct Classes {
@@ -83,51 +109,17 @@ MeasuredRun read_measured_run(const std::string& trace_json, const Plan& plan, d
   }
   // An optimizer step begins with the global gradient norm, which every rank agrees on: a rank that reaches OPTIM
   // early waits there for the last. Its work is what follows the last rank's arrival (plan.h, end_of_step).
-  std::map<int, std::vector<std::pair<double, double>*>> optim_of_rank;  // rank -> its OPTIM events
-  for (auto& [key, list] : by) {
-    if (std::get<0>(key) != kOptim) continue;
-    std::sort(list.begin(), list.end());
-    for (auto& ev : list) optim_of_rank[std::get<2>(key)].push_back(&ev);
-  }
-  std::vector<double> arrival;  // per step, the last rank's arrival at OPTIM
-  for (auto& [rank, list] : optim_of_rank) {
-    std::sort(list.begin(), list.end(), [](auto* a, auto* b) { return a->first < b->first; });
-    for (size_t k = 0; k < list.size() / static_cast<size_t>(plan.chunks); ++k) {
-      if (arrival.size() <= k) arrival.push_back(0);
-      arrival[k] = std::max(arrival[k], list[k * static_cast<size_t>(plan.chunks)]->first);
-    }
-  }
-  for (auto& [rank, list] : optim_of_rank) {
-    for (size_t i = 0; i < list.size(); ++i) {
-      const size_t k = i / static_cast<size_t>(plan.chunks);
-      if (k >= arrival.size()) continue;
-      auto& [start, dur] = *list[i];
-      const double end = start + dur, from = std::max(start, arrival[k]);
-      dur = std::max(0.0, end - from);
-      start = from;
-    }
-  }
+  std::map<int, std::vector<Event*>> optim_of_rank;  // rank -> its OPTIM events
   // A stage's gradient all-reduce begins when its last device reaches it: the devices before it wait there (a
   // replica of a faster chip type, or one the host slowed less). Its time is what follows that arrival.
-  std::map<int, std::vector<std::vector<std::pair<double, double>>*>> reduce_of_stage;  // virtual stage -> per rank
+  std::map<int, std::map<int, std::vector<Event*>>> reduce_of_stage;  // virtual stage -> rank -> its events
   for (auto& [key, list] : by) {
-    if (std::get<0>(key) != kReduce) continue;
-    std::sort(list.begin(), list.end());
-    reduce_of_stage[std::get<1>(key)].push_back(&list);
+    const auto [cls, stage, rank] = key;
+    if (cls != kOptim && cls != kReduce) continue;
+    for (Event& ev : list) (cls == kOptim ? optim_of_rank[rank] : reduce_of_stage[stage][rank]).push_back(&ev);
   }
-  for (auto& [stage, lists] : reduce_of_stage) {
-    size_t steps = SIZE_MAX;
-    for (const auto* list : lists) steps = std::min(steps, list->size());
-    for (size_t k = 0; k < steps; ++k) {
-      double last = 0;
-      for (const auto* list : lists) last = std::max(last, (*list)[k].first);
-      for (auto* list : lists) {
-        auto& [start, dur] = (*list)[k];
-        dur = std::max(0.0, start + dur - last);
-        start = last;
-      }
-    }
-  }
+  time_from_last_arrival(optim_of_rank, static_cast<size_t>(plan.chunks));
+  for (auto& [stage, ranks] : reduce_of_stage) time_from_last_arrival(ranks, 1);
   // Per class and physical stage, one value per step: per rank its chunks' actions of the step summed (forward and
   // backward: averaged over the step's micro-batches), then the mean over the stage's ranks (those `keep` keeps).
   // `start`: per step, when the stage's first chunk began it (the latest of its ranks).
