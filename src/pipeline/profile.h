@@ -10,11 +10,12 @@
 // the optimizer step's rate (norm, clipping, AdamW) as the memory bandwidth that makes the cost model's optimizer
 // formula (40 bytes of traffic per f32 parameter) true. A block's forward + backward and the head's are measured whole
 // too, and printed beside what the cost model predicts from those figures. Per link: DiComm latency from 8-byte
-// exchanges and bandwidth from 32 MiB all-reduces of every pair of ranks at once, applied to every link and NIC of the
-// cluster (on one host they are all the same path). `h2 profile` runs one process per device; each chip type is
-// measured on the first of them that has it while the others sleep (an emulated chip counts a kernel's work as the
-// least its shapes have done, without other ranks in the host's caches: device/emu/device.h), and the links with every
-// process at once.
+// all-reduces of every pair of ranks at once after a GEMM each (a message under the job's load: with more processes
+// than cores, the wait for a partner to get a core back) and bandwidth from 32 MiB all-reduces likewise, applied to
+// every link and NIC of the cluster (on one host they are all the same path). `h2 profile` runs one process per device;
+// each chip type is measured on the first of them that has it while the others sleep (an emulated chip counts a
+// kernel's work as the least its shapes have done, without other ranks in the host's caches: device/emu/device.h), and
+// the links with every process at once.
 #pragma once
 
 #include <array>
@@ -82,22 +83,29 @@ MatmulFit fit_matmul(const std::vector<GemmTiming>& gemms);
 
 struct LinkMeasurement {
   double bandwidth_gbps = 0;
-  double latency_us = 0;
+  double latency_us = 0;       // a message's, while every rank computes (what the profiled cluster gets)
+  double idle_latency_us = 0;  // a message's, the other ranks idle
 };
 
 // Medians over rounds of the measurements, repeated for at least `min_seconds` and at least 3 rounds. The GEMMs, a
 // block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h).
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
                              int micro_batch, Precision precision, double min_seconds = 0);
-// A collective over `world`; every rank gets the result.
-LinkMeasurement measure_link(Communicator& world);
+// A collective over `world`, each rank on a device of its `chip`; every rank gets the result. The latency under load
+// times a GEMM of the shape's TP-2 block size (micro-batch rows) with and without an all-reduce after it.
+LinkMeasurement measure_link(Communicator& world, const Cluster& cluster, const std::string& chip,
+                             const TransformerShape& shape, int micro_batch);
+// The latency under load from each rank's GEMM alone and followed by its pair's all-reduce, {alone, with} per rank
+// in rank order, pairs (0, 1), (2, 3), ...: what a pair's all-reduce adds beyond its slower rank's GEMM, over the
+// two messages the cost model's ring counts for two ranks, averaged over the pairs (an odd last rank has none).
+double latency_under_load_s(const std::vector<double>& alone_with);
 
 // The cluster with the measured figures in place of the datasheet's. The GEMM rate measured (in the precision
 // profiled) stands for the chip's peak in both precisions: a profile is for training in its own precision.
 Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips,
                          const LinkMeasurement& link);
 
-// The whole measurement, as `h2 profile` runs it: one process per device (at most 8; each chip type keeps its
+// The whole measurement, as `h2 profile` runs it: one process per device (at most 16; each chip type keeps its
 // share), started with h2 launch's machinery by `rank_command` (the arguments that make a process call
 // profile_rank with the same files), each measuring its chip type while the others measure theirs; then the
 // link. Prints a table per chip type and writes the profiled cluster file `out` (atomically).

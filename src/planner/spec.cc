@@ -86,6 +86,12 @@ Cluster Cluster::only(int chip) const {
   return c;
 }
 
+Cluster Cluster::with_emulation_kept() const {
+  Cluster c = *this;
+  for (ChipType& t : c.chips) t.emulation_tflops = t.emulation_flops() / 1e12;
+  return c;
+}
+
 Cluster Cluster::without_device(int chip) const {
   Cluster c = *this;
   for (auto g = c.groups.begin(); g != c.groups.end(); ++g) {
@@ -145,6 +151,7 @@ std::string cluster_to_yaml(const Cluster& c) {
       << t.host_link_gbps;
     if (t.elementwise_gbps > 0) y << YAML::Key << "elementwise_gbps" << YAML::Value << t.elementwise_gbps;
     if (t.backend != "emu") y << YAML::Key << "backend" << YAML::Value << t.backend;
+    if (t.emulation_tflops > 0) y << YAML::Key << "emulation_tflops" << YAML::Value << t.emulation_tflops;
     y << YAML::EndMap;
   }
   y << YAML::EndSeq << YAML::Key << "groups" << YAML::Value << YAML::BeginSeq;
@@ -215,6 +222,7 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
   t.elementwise_gbps = non_negative_number(n, "elementwise_gbps", t.elementwise_gbps);
   t.kernel_overhead_us = non_negative_number(n, "kernel_overhead_us", t.kernel_overhead_us);
   number("host_link_gbps", t.host_link_gbps, false);
+  t.emulation_tflops = non_negative_number(n, "emulation_tflops", t.emulation_tflops);
   if (auto b = n.find("backend")) {
     t.backend = b->as_string();
     if (t.backend != "emu" && t.backend != "cpu" && t.backend != "cuda") {
@@ -248,7 +256,7 @@ Cluster load_cluster(const ConfigNode& root) {
     n.allow_only({"catalog", "name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
                   "matmul_element_ns", "matmul_forward_speedup", "attention_efficiency", "attention_forward_efficiency",
                   "memory_gib", "memory_bandwidth_gbps", "memory_efficiency", "elementwise_gbps", "kernel_overhead_us",
-                  "host_link_gbps", "backend"});
+                  "host_link_gbps", "backend", "emulation_tflops"});
     const CatalogChip* entry = nullptr;
     if (auto name = n.find("catalog")) {
       if (!catalog) name->fail("names a catalog chip, but the file names no catalog; add catalog: chips.yaml");

@@ -50,6 +50,12 @@ struct ChipType {
   // What runs this chip type in `h2 train --cluster` and `h2 profile` on the host that runs the job: "emu" (the
   // default: an emulation paced to its figures), "cpu" (this host's cores, unpaced) or "cuda" (the host's GPU).
   std::string backend = "emu";
+  // The rate an emulated chip of this type is paced to, beside the cluster's other types (pipeline/hetero_train.h,
+  // emu_profile_of), TFLOP/s; 0: its f32 GEMM rate (matmul_flops). `h2 profile` and `h2 calibrate` write the file
+  // they measured here, so that training on their figures emulates the same chips: measured on 2026-12-04, a
+  // calibrated file that set the emulation by its fitted rates ran a 4-device example's chips at 0.47 and 0.13 of
+  // the host where the run it was fitted on had 0.4 and 0.2 — another cluster than the one it predicts.
+  double emulation_tflops = 0;
 
   // Achievable rates, FLOP/s and bytes/s.
   double peak_flops(bool bf16) const {
@@ -75,6 +81,7 @@ struct ChipType {
     return elementwise_gbps > 0 ? elementwise_gbps * 1e9 : bytes_per_second();
   }
   double memory_bytes() const { return memory_gib * kBytesPerGiB; }
+  double emulation_flops() const { return emulation_tflops > 0 ? emulation_tflops * 1e12 : matmul_flops(false); }
 };
 
 struct NodeGroup {
@@ -116,6 +123,9 @@ struct Cluster {
   int chip_index(const std::string& name) const;  // -1 when absent
   // A cluster of only the devices of chip `chip` (for the per-type baselines).
   Cluster only(int chip) const;
+  // The cluster with each chip type's emulation fixed at the rate it has now (ChipType::emulation_tflops): for a
+  // file of measured figures, which must not change the chips that emulate it.
+  Cluster with_emulation_kept() const;
   // The cluster less one device of chip `chip` (a failed one): one chip fewer in a single-node group, else one
   // node fewer (the node of a failed chip is taken out whole); a type with no device left has no group.
   Cluster without_device(int chip) const;

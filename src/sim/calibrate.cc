@@ -220,7 +220,7 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
   const size_t p = plan.stages.size();
   const Plan before = recost(planned_on);
   Calibration out;
-  out.cluster = planned_on;
+  out.cluster = planned_on.with_emulation_kept();
   out.cluster.name = planned_on.name + "-calibrated";
   out.cluster.figures = Figures::kCalibrated;
   Cluster& c = out.cluster;

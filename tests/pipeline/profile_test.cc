@@ -71,5 +71,16 @@ TEST(ProfileTurns, KeepsThePassWhoseBlockAndHeadTogetherAreFaster) {
   EXPECT_EQ(&faster_measurement(second, first), &second);
 }
 
+// The latency under load, worked by hand. Pair (0, 1): GEMMs alone 10 and 12 ms, with the all-reduce 13 and 14 ms:
+// the all-reduce ends 14 - 12 = 2 ms after the slower GEMM alone, two messages of 1 ms. Pair (2, 3): 20 and 20 ms,
+// 23 and 22 ms: 3 ms, 1.5 ms a message. The mean: 1.25 ms. A fifth rank, alone, has no pair and does not count.
+TEST(LatencyUnderLoad, APairsAllReduceBeyondItsSlowerGemmOverTwoMessages) {
+  EXPECT_NEAR(latency_under_load_s({10e-3, 13e-3, 12e-3, 14e-3, 20e-3, 23e-3, 20e-3, 22e-3, 5e-3, 9e-3}), 1.25e-3,
+              1e-12);
+  // Noise that makes the all-reduce look faster than the GEMM counts as no latency, not a negative one.
+  EXPECT_EQ(latency_under_load_s({10e-3, 9e-3, 10e-3, 9.5e-3}), 0.0);
+  EXPECT_EQ(latency_under_load_s({10e-3, 11e-3}), 0.0);  // one rank: no pair
+}
+
 }  // namespace
 }  // namespace h2

@@ -101,6 +101,7 @@ TEST(Spec, ClusterYamlRoundTripsAwkwardNames) {
   c.chips[1].name = "Y [v2]";
   c.chips[2].efficiency = 0.123456;
   c.chips[1].backend = "cuda";
+  c.chips[2].emulation_tflops = 0.25;
   const Cluster back = load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "written.yaml"));
   EXPECT_EQ(back.name, c.name);
   ASSERT_EQ(back.chips.size(), 3u);
@@ -109,6 +110,8 @@ TEST(Spec, ClusterYamlRoundTripsAwkwardNames) {
   EXPECT_DOUBLE_EQ(back.chips[2].efficiency, 0.123456);
   EXPECT_EQ(back.chips[0].backend, "emu");
   EXPECT_EQ(back.chips[1].backend, "cuda");
+  EXPECT_DOUBLE_EQ(back.chips[2].emulation_tflops, 0.25);
+  EXPECT_DOUBLE_EQ(back.chips[1].emulation_tflops, 0.0);
   ASSERT_EQ(back.links.size(), 3u);
   EXPECT_EQ(back.links[0].a, 0);
   EXPECT_EQ(back.links[0].b, 1);

@@ -205,6 +205,8 @@ TEST(Calibrate, RecoversFiguresPlantedInASyntheticRun) {
   EXPECT_EQ(c.cluster.figures, Figures::kCalibrated);
   const double tol = 1e-3;
   EXPECT_NEAR(c.cluster.chips[1].peak_tflops / truth.chips[1].peak_tflops, 1, tol);
+  // Y's emulated chips stay the ones the run had: its f32 GEMM rate as the file that was calibrated gave it.
+  EXPECT_DOUBLE_EQ(c.cluster.chips[1].emulation_flops(), start.chips[1].matmul_flops(false));
   EXPECT_NEAR(c.cluster.chips[0].memory_bandwidth_gbps / truth.chips[0].memory_bandwidth_gbps, 1, tol);
   EXPECT_NEAR(c.cluster.groups[2].nic_gbps / truth.groups[2].nic_gbps, 1, tol);
   EXPECT_NEAR(c.cluster.links[0].bandwidth_gbps / truth.links[0].bandwidth_gbps, 1, tol);
