@@ -392,8 +392,8 @@ LinkMeasurement measure_link(Communicator& world, const Cluster& cluster, const 
   // Latency under load, as a tensor-parallel block meets it: every rank runs a GEMM of a TP-2 block's size on its
   // chip, alone and then followed by an 8-byte all-reduce with its pair, all ranks at once. With more processes than
   // cores, a rank that has finished waits for its partner to get a core back — on this host's 2 cores and 16
-  // emulated chips about 2.3 ms an all-reduce, against 11 us idle (the 16-device example: its simulated step was
-  // 19% short with the idle figure).
+  // emulated chips 1.3-2.6 ms an all-reduce, against 2-23 us idle (bench/run_emulated.sh's 16-device cluster: its
+  // simulated step was 19% short with the idle figure; docs/pipeline.md).
   {
     auto device = create_device(device_spec_of(cluster, chip, 0));
     const int64_t rows = int64_t{micro_batch} * shape.seq_len, C = shape.hidden;
