@@ -296,11 +296,11 @@ TEST(CostModel, MatchesClosedForms) {
   EXPECT_NEAR(costs.transfer_s(0, 1, 2, 2, 1), 10e-6 + bytes / 10e9 + bytes / 2 / 80e9 + 2e-6, 1e-12);
 }
 
-// The head alone on chips too small to hold it beside a layer. The local emulated cluster in bf16 as H2's runtime
-// holds it (18 bytes per parameter): the fast chips (0.15 GiB) hold half the 50,257 x 256 table and its logits
-// (136.6 MiB of 145.9 usable) but not one block more, so every layout ending on them fails its split unless the
-// search tries that end as a vocabulary-only stage itself — the vocabulary phase only takes apart layouts that
-// fit. It did not, and planned the fast chips with the embedding and three blocks at 1.7x the step time.
+// The head alone on chips too small to hold it beside a layer. The local emulated cluster as it was until 2026-12-04,
+// in bf16 as H2's runtime holds it (18 bytes per parameter): the fast chips (0.15 GiB) hold half the 50,257 x 256 table
+// and its logits (136.6 MiB of 145.9 usable) but not one block more, so every layout ending on them fails its split
+// unless the search tries that end as a vocabulary-only stage itself — the vocabulary phase only takes apart layouts
+// that fit. It did not, and planned the fast chips with the embedding and three blocks at 1.7x the step time.
 TEST(Search, TriesTheHeadAloneWhereItFitsOnlyAlone) {
   const Cluster cluster = cluster_of(R"(
 name: local
@@ -336,6 +336,32 @@ links:
                        .recompute = Recompute::kFull,
                        .in_flight = 1};
   EXPECT_GT(costs.stage_memory(spec).total(), last.capacity_bytes);
+}
+
+// The built-in example (h2 train with no arguments) is built so that heterogeneity pays and the plan has a baseline
+// to be measured against (docs/pipeline.md): the fast chips cannot hold the model alone, the uniform split (2 + 2
+// blocks) fits only by recomputing everything on the fast chips, and the plan, which keeps the blocks off them, is
+// faster than that split.
+TEST(BuiltInExample, UniformSplitFitsOnlyByRecomputingEverythingOnTheFastChips) {
+  const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
+  const Cluster cluster = load_cluster(ConfigNode::load_file(dir + "cluster_local.yaml"));
+  const TransformerShape model = load_model(ConfigNode::load_file(dir + "model_small.yaml"));
+  TrainSetup setup = load_train_setup(ConfigNode::load_file(dir + "train_local.yaml"));
+  const int fast = cluster.chip_index("fast");
+  EXPECT_THAT(
+      error_of([&] { plan_training(CostModel(cluster.only(fast), model, setup), {}); }, ErrorCode::kInvalidArgument),
+      HasSubstr("the model fits nowhere"));
+  const CostModel costs(cluster, model, setup);
+  const Plan plan = plan_training(costs, PlannerOptions{.interleave = false});
+  const std::optional<Plan> uniform = plan_uniform(costs, layout_of(plan, cluster));
+  ASSERT_TRUE(uniform.has_value()) << format_plan(plan);
+  ASSERT_EQ(uniform->stages.size(), 2u);
+  EXPECT_EQ(uniform->stages[1].chip, "fast");
+  EXPECT_EQ(uniform->stages[1].layers, 2);
+  EXPECT_EQ(uniform->stages[1].recompute, Recompute::kFull);
+  EXPECT_LT(plan.step_s, uniform->step_s);
+  setup.allowed_recompute = {Recompute::kNone, Recompute::kSelective};
+  EXPECT_FALSE(plan_uniform(CostModel(cluster, model, setup), layout_of(plan, cluster)).has_value());
 }
 
 TEST(Search, FitsNowhereSaysWhyAndByHowMuch) {
