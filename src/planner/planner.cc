@@ -390,7 +390,8 @@ void set_step(const CostModel& c, Plan& plan, const std::vector<double>& finish,
     sum_e += st.forward_s + st.backward_s;
   }
   plan.mfu = c.step_model_flops() / (step * peak);
-  plan.bubble_fraction = 1.0 - m * sum_e / p / pipe;
+  // Idle share of the stages' time; a pipeline summed action by action may round below m x (f + b), not idle.
+  plan.bubble_fraction = std::max(0.0, 1.0 - m * sum_e / p / pipe);
   // What bounds it.
   int slowest = 0, sender = 0;
   for (int i = 1; i < p; ++i) {
