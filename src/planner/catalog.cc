@@ -135,8 +135,18 @@ Cluster cluster_from_spec(const std::string& spec, const ChipCatalog& catalog) {
 
 Cluster load_cluster_arg(const std::string& file_or_spec) {
   std::error_code ec;
-  if (std::filesystem::exists(file_or_spec, ec) || !is_cluster_spec(file_or_spec)) {
+  const std::string extension = std::filesystem::path(file_or_spec).extension().string();
+  // No such file, and written as a spec would be ("H100:8x", "H100:-8", "H100:8,"): the spec's error, not the file's.
+  const bool spec_like = file_or_spec.find(':') != std::string::npos && file_or_spec.find('/') == std::string::npos &&
+                         extension != ".yaml" && extension != ".yml";
+  if (std::filesystem::exists(file_or_spec, ec) || !(is_cluster_spec(file_or_spec) || spec_like)) {
     return load_cluster(ConfigNode::load_file(file_or_spec));
+  }
+  if (!is_cluster_spec(file_or_spec)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("--cluster '", file_or_spec,
+                    "' is no file, nor a cluster spec: expected NAME:COUNT[,NAME:COUNT]... with COUNT a positive "
+                    "whole number, e.g. H100:64,MI300X:32"));
   }
   return cluster_from_spec(file_or_spec, load_catalog(ConfigNode::load_file(default_catalog_path())));
 }

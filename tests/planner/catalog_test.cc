@@ -12,6 +12,7 @@
 namespace h2 {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing_util::cluster_of;
 using testing_util::error_of;
@@ -142,6 +143,12 @@ TEST(Catalog, TheClusterArgumentIsAFileOrASpec) {
   ::unsetenv("H2_CHIP_CATALOG");
   EXPECT_THAT(error_of([] { load_cluster_arg("no/such/cluster.yaml"); }, ErrorCode::kIo),
               HasSubstr("no/such/cluster.yaml"));
+  // Neither a file nor a spec, but written as a spec: the spec's form, not "cannot open the file".
+  for (const char* bad : {"H100:-8", "H100:abc", "H100:8,", ":8", "H100:8,MI300X"}) {
+    EXPECT_THAT(error_of([&] { load_cluster_arg(bad); }, ErrorCode::kInvalidArgument),
+                AllOf(HasSubstr(cat("--cluster '", bad, "' is no file, nor a cluster spec")),
+                      HasSubstr("NAME:COUNT[,NAME:COUNT]")));
+  }
 }
 
 }  // namespace
