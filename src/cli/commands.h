@@ -13,6 +13,18 @@ namespace h2::cli {
 
 using Command = std::function<int()>;
 
+// A number above 0; its error says so with the value given (CLI11's PositiveNumber prints the range of a double).
+inline const CLI::Validator kPositive(
+    [](std::string& text) {
+      try {
+        size_t used = 0;
+        if (std::stod(text, &used) > 0 && used == text.size()) return std::string();
+      } catch (const std::exception&) {
+      }
+      return "must be a number above 0, got '" + text + "'";
+    },
+    "POSITIVE");
+
 // `h2 check ops`: the conformance matrix; `h2 devices`: the backends and chip profiles.
 void register_check(CLI::App& app, Command& selected);
 void register_devices(CLI::App& app, Command& selected);

@@ -8,7 +8,7 @@ void register_launch(CLI::App& app, Command& selected) {
   CLI::App* l = app.add_subcommand("launch", "Start N local ranks of a command with the rendezvous variables set");
   auto options = std::make_shared<LaunchOptions>();
   auto command = std::make_shared<std::vector<std::string>>();
-  l->add_option("-n,--ranks", options->ranks, "number of ranks")->required()->check(CLI::PositiveNumber);
+  l->add_option("-n,--ranks", options->ranks, "number of ranks")->required()->check(kPositive);
   l->add_option("--master-addr", options->master_addr, "address rank 0's rendezvous store binds")
       ->capture_default_str();
   l->add_option("--master-port", options->master_port, "its port (0: a free one)")->capture_default_str();

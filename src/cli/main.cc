@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int threads = 0;
   app.add_option("--threads", threads, "CPU threads for kernels (default: all cores, or OMP_NUM_THREADS)")
-      ->check(CLI::PositiveNumber);
+      ->check(h2::cli::kPositive);
   bool verbose = false;
   app.add_flag("-v,--verbose", verbose, "log debug messages");
 

@@ -132,10 +132,10 @@ void register_plan(CLI::App& app, Command& selected) {
   pl->add_option("--baseline", o->baseline,
                  "print and write a baseline instead of the plan: 'uniform' (the plan's devices, layers split "
                  "evenly) or a chip type's name (that type alone)");
-  pl->add_option("--budget", o->budget, "search time budget, seconds")
-      ->check(CLI::PositiveNumber)
+  pl->add_option("--budget", o->budget, "search time budget, seconds")->check(kPositive)->capture_default_str();
+  pl->add_option("--search-threads", o->threads, "search threads (0: one per core)")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  pl->add_option("--search-threads", o->threads, "search threads (0: one per core)")->capture_default_str();
   pl->add_flag("--no-interleave", o->no_interleave,
                "leave interleaved 1F1B out of the search (h2 train --cluster does on emulated chips, which share the "
                "host's cores)");
@@ -152,7 +152,7 @@ void register_plan(CLI::App& app, Command& selected) {
   sim->add_option("--schedule", s->schedule,
                   "replay another schedule: gpipe | 1f1b | interleaved (default: the plan's)");
   sim->add_option("--chunks", s->chunks, "virtual stages per rank for interleaved (default: the plan's, or 2)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   sim->add_option("--trace", s->trace, "write a Chrome/Perfetto trace JSON here");
   sim->add_option("--cluster", s->cluster, "re-cost the plan's layout with this cluster file");
   sim->add_option("--model", s->model, "with --cluster: another model file (default: the plan's model)")

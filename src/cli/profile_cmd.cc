@@ -38,9 +38,7 @@ void register_profile(CLI::App& app, Command& selected) {
   auto o = std::make_shared<ProfileCmd>();
   pr->add_option("--cluster", o->cluster, "the cluster file to measure")->capture_default_str();
   pr->add_option("--model", o->model, "the model whose shapes are measured")->capture_default_str();
-  pr->add_option("--micro-batch", o->micro_batch, "sequences per micro-batch")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  pr->add_option("--micro-batch", o->micro_batch, "sequences per micro-batch")->capture_default_str()->check(kPositive);
   pr->add_option("--precision", o->precision, "the precision training will run in (bf16 or f32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "f32"}));

@@ -93,7 +93,7 @@ void register_data(CLI::App& app, Command& selected) {
   prep->add_option("--val-fraction", o->options.val_fraction, "share of tokens held out for validation")
       ->capture_default_str();
   prep->add_option("--shard-tokens", o->options.shard_tokens, "tokens per train shard")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   prep->add_option("--encoder", o->encoder, "GPT-2 encoder.json")->capture_default_str();
   prep->add_option("--vocab", o->vocab, "GPT-2 vocab.bpe")->capture_default_str();
@@ -106,11 +106,9 @@ void register_sample(CLI::App& app, Command& selected) {
   sa->add_option("--run", o->run, "a training run's out_dir: sample from its newest checkpoint")->capture_default_str();
   sa->add_option("--checkpoint", o->checkpoint, "or this checkpoint folder");
   sa->add_option("--prompt", o->prompt, "text to continue");
-  sa->add_option("--tokens", o->options.tokens, "tokens to generate")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  sa->add_option("--tokens", o->options.tokens, "tokens to generate")->check(kPositive)->capture_default_str();
   sa->add_option("--top-k", o->options.top_k, "sample among the k likeliest tokens; 1 = greedy")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   sa->add_option("--temperature", o->options.temperature, "softmax temperature")->capture_default_str();
   sa->add_option("--seed", o->options.seed, "sampling seed")->capture_default_str();

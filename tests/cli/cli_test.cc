@@ -114,6 +114,14 @@ TEST(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(run_h2("").status, 2);
   EXPECT_EQ(run_h2("frobnicate").status, 2);
   EXPECT_EQ(run_h2("check ops --seed notanumber").status, 2);
+  // A count or a time that must be positive says so with the value given.
+  for (const char* args : {"plan --budget 0", "plan --budget -1", "plan --budget 2s", "launch -n 0 true"}) {
+    const Result r = run_h2(args);
+    EXPECT_EQ(r.status, 2) << args;
+    EXPECT_THAT(r.output, HasSubstr("must be a number above 0, got '")) << args;
+    EXPECT_THAT(r.output, Not(HasSubstr("not in range"))) << args;
+  }
+  EXPECT_EQ(run_h2("plan --search-threads -3").status, 2);
 }
 
 // h2 align names where an emulated chip with a wrong kernel parts from the host (exit 1), and finds two devices with
