@@ -1,5 +1,5 @@
 // Planner inputs shared by the planner's and the simulator's tests: a small three-type cluster where memory
-// binds, a small model, and the shipped 1,024-chip example.
+// binds, a small model, the shipped examples (load_example) and the 1,024-chip one as a fixture.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -40,13 +40,25 @@ inline TransformerShape small_model(int64_t layers) {
                           .tied_embeddings = true};
 }
 
+// A shipped example: its cluster, model and training setup, loaded from examples/.
+struct Example {
+  Cluster cluster;
+  TransformerShape model;
+  TrainSetup train;
+};
+inline Example load_example(const std::string& cluster, const std::string& model, const std::string& train) {
+  const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
+  return Example{load_cluster(ConfigNode::load_file(dir + cluster)), load_model(ConfigNode::load_file(dir + model)),
+                 load_train_setup(ConfigNode::load_file(dir + train))};
+}
+
 class Hetero1024 : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
-    cluster_ = load_cluster(ConfigNode::load_file(dir + "cluster_hetero1024.yaml"));
-    model_ = load_model(ConfigNode::load_file(dir + "model_100b.yaml"));
-    train_ = load_train_setup(ConfigNode::load_file(dir + "train_100b.yaml"));
+    Example e = load_example("cluster_hetero1024.yaml", "model_100b.yaml", "train_100b.yaml");
+    cluster_ = std::move(e.cluster);
+    model_ = e.model;
+    train_ = std::move(e.train);
   }
   Cluster cluster_;
   TransformerShape model_;

@@ -20,6 +20,8 @@ using testing_util::small_model;
 
 using ::testing::HasSubstr;
 using testing_util::error_of;
+using testing_util::Example;
+using testing_util::load_example;
 
 TEST(Spec, ShippedExamplesLoad) {
   const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
@@ -343,10 +345,10 @@ links:
 // blocks) fits only by recomputing everything on the fast chips, and the plan, which keeps the blocks off them, is
 // faster than that split.
 TEST(BuiltInExample, UniformSplitFitsOnlyByRecomputingEverythingOnTheFastChips) {
-  const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
-  const Cluster cluster = load_cluster(ConfigNode::load_file(dir + "cluster_local.yaml"));
-  const TransformerShape model = load_model(ConfigNode::load_file(dir + "model_small.yaml"));
-  TrainSetup setup = load_train_setup(ConfigNode::load_file(dir + "train_local.yaml"));
+  const Example example = load_example("cluster_local.yaml", "model_small.yaml", "train_local.yaml");
+  const Cluster& cluster = example.cluster;
+  const TransformerShape& model = example.model;
+  TrainSetup setup = example.train;
   const int fast = cluster.chip_index("fast");
   EXPECT_THAT(
       error_of([&] { plan_training(CostModel(cluster.only(fast), model, setup), {}); }, ErrorCode::kInvalidArgument),
