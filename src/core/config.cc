@@ -51,7 +51,7 @@ ConfigNode ConfigNode::load_file(const std::string& path) {
 
 ConfigNode ConfigNode::parse_string(const std::string& text, const std::string& source_name) {
   try {
-    return ConfigNode(YAML::Load(text), source_name, "");
+    return ConfigNode(YAML::Load(text), source_name, "", std::make_shared<Overrides>());
   } catch (const YAML::Exception& e) {
     // yaml-cpp marks are 0-based.
     throw Error(ErrorCode::kConfig,
@@ -62,6 +62,10 @@ ConfigNode ConfigNode::parse_string(const std::string& text, const std::string& 
 std::string ConfigNode::child_field(const std::string& key) const { return field_.empty() ? key : field_ + "." + key; }
 
 std::string ConfigNode::where() const {
+  // A value given on the command line (or inside one): the assignment, not a place in the file.
+  for (const auto& [key, assignment] : *overrides_) {
+    if (field_ == key || field_.starts_with(key + ".") || field_.starts_with(key + "[")) return "--set " + assignment;
+  }
   const YAML::Mark mark = node_.Mark();
   if (mark.is_null()) return file_;
   return cat(file_, ":", mark.line + 1, ":", mark.column + 1);
@@ -76,7 +80,7 @@ bool ConfigNode::has(const std::string& key) const { return node_.IsMap() && nod
 
 std::optional<ConfigNode> ConfigNode::find(const std::string& key) const {
   if (!has(key)) return std::nullopt;
-  return ConfigNode(node_[key], file_, child_field(key));
+  return child(node_[key], child_field(key));
 }
 
 ConfigNode ConfigNode::at(const std::string& key) const {
@@ -85,13 +89,13 @@ ConfigNode ConfigNode::at(const std::string& key) const {
     if (field_.empty()) throw Error(ErrorCode::kConfig, cat(where(), ": missing required field '", key, "'"));
     fail(cat("missing required field '", key, "'"));
   }
-  return ConfigNode(node_[key], file_, child_field(key));
+  return child(node_[key], child_field(key));
 }
 
 std::vector<ConfigNode> ConfigNode::items() const {
   if (!node_.IsSequence()) fail(cat("expected a list, got ", node_kind(node_)));
   std::vector<ConfigNode> out;
-  for (size_t i = 0; i < node_.size(); ++i) out.push_back(ConfigNode(node_[i], file_, cat(field_, "[", i, "]")));
+  for (size_t i = 0; i < node_.size(); ++i) out.push_back(child(node_[i], cat(field_, "[", i, "]")));
   return out;
 }
 
@@ -179,13 +183,14 @@ void ConfigNode::apply_override(const std::string& assignment) {
     cur.reset(next);
   }
   cur[keys.back()] = value;
+  (*overrides_)[key] = assignment;
 }
 
 void ConfigNode::allow_only(std::initializer_list<const char*> allowed) const {
   if (!node_.IsMap()) fail(cat("expected a mapping, got ", node_kind(node_)));
   for (const auto& kv : node_) {
     if (!kv.first.IsScalar()) {  // e.g. "{a: 1}: 2": a mapping used as a key (found by h2_fuzz)
-      ConfigNode(kv.first, file_, field_).fail(cat("a key must be a plain name, got ", node_kind(kv.first)));
+      child(kv.first, field_).fail(cat("a key must be a plain name, got ", node_kind(kv.first)));
     }
     const std::string key = kv.first.Scalar();
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
@@ -198,7 +203,7 @@ void ConfigNode::allow_only(std::initializer_list<const char*> allowed) const {
     std::string valid;
     for (const char* candidate : allowed) valid += (valid.empty() ? "" : ", ") + std::string(candidate);
     // Located at the key, where the typo is.
-    ConfigNode(kv.first, file_, child_field(key))
+    child(kv.first, child_field(key))
         .fail(best.empty() ? cat("unknown field; valid fields here: ", valid)
                            : cat("unknown field; did you mean '", best, "'?"));
   }

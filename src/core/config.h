@@ -1,5 +1,7 @@
-// YAML configuration access whose every error names the file, the line and the field:
+// YAML configuration access whose every error names the file, the line and the field (or the command line's
+// --set that gave the value):
 //   examples/chips.yaml:7:13: field 'devices[1].speed': expected a number, got 'fast'
+//   --set train.steps=0: field 'train.steps': must be an integer in [1, 1099511627776], got 0
 // A ConfigNode is a YAML node plus where it came from (file and field path). Readers ask for typed values,
 // call allow_only() to turn a misspelt key into an error (with the closest valid key as a hint), and call
 // fail() for their own range checks so that those errors carry the same location.
@@ -9,6 +11,8 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,13 +60,18 @@ class ConfigNode {
   [[noreturn]] void fail(const std::string& message) const;
 
  private:
-  ConfigNode(YAML::Node node, std::string file, std::string field)
-      : node_(std::move(node)), file_(std::move(file)), field_(std::move(field)) {}
+  using Overrides = std::map<std::string, std::string>;  // field path -> the --set assignment that gave it
+  ConfigNode(YAML::Node node, std::string file, std::string field, std::shared_ptr<Overrides> overrides)
+      : node_(std::move(node)), file_(std::move(file)), field_(std::move(field)), overrides_(std::move(overrides)) {}
+  ConfigNode child(YAML::Node node, std::string field) const {
+    return {std::move(node), file_, std::move(field), overrides_};
+  }
   std::string child_field(const std::string& key) const;
 
   YAML::Node node_;
   std::string file_;
   std::string field_;
+  std::shared_ptr<Overrides> overrides_;  // shared by the whole tree: where() names the --set, not the file
 };
 
 template <typename T>

@@ -21,7 +21,9 @@ namespace h2 {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing_util::error_of;
 
 constexpr int kVocab = 32;
@@ -417,14 +419,25 @@ TEST(TrainConfig, ReadsYamlAndNamesBadFields) {
                   },
                   ErrorCode::kConfig),
               HasSubstr("t.yaml:4:1: field 'trian': unknown field; did you mean 'train'?"));
-  EXPECT_THAT(error_of(
-                  [&] {
-                    ConfigNode r = ConfigNode::parse_string(yaml, "t.yaml");
-                    r.apply_override("train.batch_size=0");
-                    TrainConfig::from_config(r);
-                  },
-                  ErrorCode::kConfig),
-              HasSubstr("field 'train.batch_size': must be an integer in [1, 1048576], got 0"));
+  EXPECT_THAT(
+      error_of(
+          [&] {
+            ConfigNode r = ConfigNode::parse_string(yaml, "t.yaml");
+            r.apply_override("train.batch_size=0");
+            TrainConfig::from_config(r);
+          },
+          ErrorCode::kConfig),
+      HasSubstr("--set train.batch_size=0: field 'train.batch_size': must be an integer in [1, 1048576], got 0"));
+  // A value from the command line is located there, not at a line of the file it was not in; a misspelt key too.
+  EXPECT_THAT(
+      error_of(
+          [&] {
+            ConfigNode r = ConfigNode::parse_string(yaml, "t.yaml");
+            r.apply_override("train.btach_size=4");
+            TrainConfig::from_config(r);
+          },
+          ErrorCode::kConfig),
+      AllOf(HasSubstr("--set train.btach_size=4: field 'train.btach_size': unknown field"), Not(HasSubstr("t.yaml"))));
   // Values that used to wrap into narrower types or pass unchecked.
   for (auto [set, want] : {std::pair{"train.batch_size=4294967298", "'train.batch_size': must be an integer in"},
                            {"train.keep_checkpoints=4294967296", "'train.keep_checkpoints': must be an integer in"},
