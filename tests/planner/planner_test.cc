@@ -24,15 +24,14 @@ using testing_util::Example;
 using testing_util::load_example;
 
 TEST(Spec, ShippedExamplesLoad) {
-  const std::string dir = std::string(H2_SOURCE_DIR) + "/examples/";
-  const Cluster c = load_cluster(ConfigNode::load_file(dir + "cluster_hetero1024.yaml"));
+  const Example e = load_example("cluster_hetero1024.yaml", "model_100b.yaml", "train_100b.yaml");
+  const Cluster& c = e.cluster;
   int total = 0;
   for (size_t k = 0; k < c.chips.size(); ++k) total += c.devices_of(static_cast<int>(k));
   EXPECT_EQ(total, 1024);
   EXPECT_EQ(c.chips.size(), 4u);
-  const TransformerShape m = load_model(ConfigNode::load_file(dir + "model_100b.yaml"));
-  EXPECT_NEAR(static_cast<double>(total_params(m)), 101.2e9, 0.1e9);
-  EXPECT_EQ(load_train_setup(ConfigNode::load_file(dir + "train_100b.yaml")).global_batch, 1024);
+  EXPECT_NEAR(static_cast<double>(total_params(e.model)), 101.2e9, 0.1e9);
+  EXPECT_EQ(e.train.global_batch, 1024);
 }
 
 TEST(Spec, BadInputNamesFileAndField) {
