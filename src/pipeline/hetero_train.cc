@@ -101,10 +101,12 @@ EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int h
     busy_cores += g.devices() * cluster.chips[static_cast<size_t>(g.chip)].emulation_flops() / fastest;
   }
   if (host_cores <= 0) host_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  // The share of the cores the devices may keep busy: measured on 8 emulated chips on 2 cores (bench/run_emulated.sh's
-  // 8-device cluster, profiled, alternating), 0.9 ran 1.06-1.20 of the simulated step, 0.6 ran 1.01-1.05: a rank
-  // that waits longer than its pace allows for a core cannot make the time up (device/emu/device.h).
-  constexpr double kBusyShare = 0.6;
+  // The share of the cores the devices may keep busy: a rank that waits longer than its pace allows for a core, or
+  // whose kernels the others slow beyond 1 / speed, cannot make the time up (device/emu/device.h). Measured on
+  // 8 emulated chips on 2 cores (bench/run_emulated.sh's 8-device cluster, profiled, alternating): 0.9 ran
+  // 1.06-1.20 of the simulated step, 0.6 ran 1.01-1.05. The built-in example (4 chips; bench/run_hetero.sh's runs,
+  // 3 rounds alternating on 2026-12-05): 0.6 ran 1.02-1.12 of the simulated step, 0.4 ran 0.98-1.03.
+  constexpr double kBusyShare = 0.4;
   const double scale = busy_cores > 0 ? std::min(1.0, kBusyShare * host_cores / busy_cores) : 1.0;
   const ChipType& c = cluster.chips[static_cast<size_t>(index)];
   return EmuProfile{.chip = c.name,

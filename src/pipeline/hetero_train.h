@@ -50,9 +50,9 @@ GptConfig gpt_config_of(const TransformerShape& shape);
 // and its speed relative to the fastest type in the cluster (by ChipType::emulation_flops: a file of measured figures
 // keeps the emulation of the file it measured), times one factor for the whole cluster. A paced
 // chip of speed s keeps s of a core busy, so the factor slows every chip alike until the cluster's devices,
-// all busy, need at most 60% of the cores (the rest for communication, the system and the time slices a rank
-// waits for a core): emulation is faithful only then (device/emu/device.h). The fastest type runs at this host's speed
-// when the cores suffice.
+// all busy, need at most 40% of the cores (the rest for communication, the system, the time slices a rank
+// waits for a core and the slowdown ranks sharing caches and memory bandwidth give each other's kernels): emulation is
+// faithful only then (device/emu/device.h). The fastest type runs at this host's speed when the cores suffice.
 EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int host_cores = 0);
 
 // The device a rank of chip type `chip` runs on, by the type's backend: its emulation (emu_profile_of), this

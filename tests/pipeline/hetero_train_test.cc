@@ -98,9 +98,9 @@ TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
   // Enough cores: the fastest type runs at the host's speed.
   EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "fast", 8).speed, 1.0);
   EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "slow", 8).speed, 0.5);
-  // Two cores for 2 x 1.0 + 2 x 0.5 busy cores: all slowed by 0.6 x 2 / 3, the ratio kept.
-  EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "fast", 2).speed, 0.4);
-  EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "slow", 2).speed, 0.2);
+  // Two cores for 2 x 1.0 + 2 x 0.5 busy cores: all slowed by 0.4 x 2 / 3, the ratio kept.
+  EXPECT_NEAR(emu_profile_of(two_types(2, 2), "fast", 2).speed, 0.266667, 1e-6);
+  EXPECT_NEAR(emu_profile_of(two_types(2, 2), "slow", 2).speed, 0.133333, 1e-6);
   EXPECT_EQ(emu_profile_of(two_types(2, 2), "slow", 2).mem_capacity_bytes, size_t{1} << 30);
   EXPECT_THAT(error_of([] { emu_profile_of(two_types(1, 1), "tpu", 2); }, ErrorCode::kNotFound),
               HasSubstr("chip type 'tpu' is not in cluster t"));
@@ -108,18 +108,18 @@ TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
 
 // A file of measured figures emulates the chips of the file it measured. Measured: fast 0.02 TFLOP/s peak (its f32
 // GEMMs at 0.005), slow at efficiency 1 (0.05). Kept, the emulation is the datasheet's (f32 GEMMs at 0.05 and
-// 0.025): on two cores 0.4 and 0.2, as above. Not kept, the slow type would be the fastest: 2 x 0.1 + 2 x 1 busy
-// cores, slowed by 0.6 x 2 / 2.2 — slow at 0.545, fast at 0.0545.
+// 0.025): on two cores 0.267 and 0.133, as above. Not kept, the slow type would be the fastest: 2 x 0.1 + 2 x 1
+// busy cores, slowed by 0.4 x 2 / 2.2 — slow at 0.364, fast at 0.0364.
 TEST(EmulatedCluster, MeasuredFiguresKeepTheChipsTheyMeasured) {
   Cluster measured = two_types(2, 2).with_emulation_kept();
   EXPECT_DOUBLE_EQ(measured.chips[0].emulation_tflops, 0.05);
   measured.chips[0].peak_tflops = 0.02;
   measured.chips[1].efficiency = 1.0;
-  EXPECT_DOUBLE_EQ(emu_profile_of(measured, "fast", 2).speed, 0.4);
-  EXPECT_DOUBLE_EQ(emu_profile_of(measured, "slow", 2).speed, 0.2);
+  EXPECT_NEAR(emu_profile_of(measured, "fast", 2).speed, 0.266667, 1e-6);
+  EXPECT_NEAR(emu_profile_of(measured, "slow", 2).speed, 0.133333, 1e-6);
   for (ChipType& c : measured.chips) c.emulation_tflops = 0;
-  EXPECT_NEAR(emu_profile_of(measured, "slow", 2).speed, 1.2 / 2.2, 1e-12);
-  EXPECT_NEAR(emu_profile_of(measured, "fast", 2).speed, 0.12 / 2.2, 1e-12);
+  EXPECT_NEAR(emu_profile_of(measured, "slow", 2).speed, 0.363636, 1e-6);
+  EXPECT_NEAR(emu_profile_of(measured, "fast", 2).speed, 0.0363636, 1e-7);
 }
 
 // h2 train --cluster's own search leaves interleaving out while any chip type is emulated (the emulated chips
