@@ -44,7 +44,7 @@ print("2 warm-up steps), on the cluster examples/cluster_local.yaml as profiled 
 print("(runs/bench_hetero/cluster.yaml); each figure the mean over the rounds, (min–max).\n")
 print("| run | devices | stages (chip: layers) | measured tokens/s | simulated tokens/s | measured / simulated |")
 print("|---|---|---|---|---|---|")
-tokens = {}
+tokens, ratios = {}, {}
 for name in ("plan", "uniform", "fast", "slow"):
     if name not in runs:
         print(f"| {name} alone | | | does not fit | | |" if name in ("fast", "slow") else f"| {name} | | | does not fit | | |")
@@ -57,11 +57,14 @@ for name in ("plan", "uniform", "fast", "slow"):
     stages = ", ".join(stage(st) for st in plan["stages"])
     tokens[name] = [s["measured_tokens_per_s"] for s in summaries]
     sim_tok = plan["global_batch"] * plan["model"]["seq_len"] / summaries[0]["simulated_step_s"]
-    ratio = [s["measured_over_simulated"] for s in summaries]
+    ratio = ratios[name] = [s["measured_over_simulated"] for s in summaries]
     label = name if name in ("plan", "uniform") else f"{name} alone"
     print(f"| {label} | {plan['prediction']['devices_used']} | {stages} | {spread(tokens[name])} | {sim_tok:.0f} | "
           f"{spread(ratio, '{:.2f}')} |")
 print()
+misses = [f"{name} round {r + 1}: {x:.3f}" for name, xs in ratios.items() for r, x in enumerate(xs) if abs(x - 1) > 0.05]
+print(f"Runs within 5% of their simulated step (#15's bar): {sum(map(len, ratios.values())) - len(misses)} of "
+      f"{sum(map(len, ratios.values()))}" + (f" (outside: {', '.join(misses)})" if misses else "") + ".  ")
 rounds_of = lambda f: [f(r) for r in range(rounds)]
 if "uniform" in tokens:
     print(f"HeteroAuto plan / uniform split, measured (per round): "
