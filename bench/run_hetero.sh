@@ -62,7 +62,8 @@ for name in ("plan", "uniform", "fast", "slow"):
     print(f"| {label} | {plan['prediction']['devices_used']} | {stages} | {spread(tokens[name])} | {sim_tok:.0f} | "
           f"{spread(ratio, '{:.2f}')} |")
 print()
-misses = [f"{name} round {r + 1}: {x:.3f}" for name, xs in ratios.items() for r, x in enumerate(xs) if abs(x - 1) > 0.05]
+misses = [f"{name} round {r + 1}: {x:.3f}"
+          for name, xs in ratios.items() for r, x in enumerate(xs) if abs(x - 1) > 0.05]
 print(f"Runs within 5% of their simulated step (#15's bar): {sum(map(len, ratios.values())) - len(misses)} of "
       f"{sum(map(len, ratios.values()))}" + (f" (outside: {', '.join(misses)})" if misses else "") + ".  ")
 rounds_of = lambda f: [f(r) for r in range(rounds)]
