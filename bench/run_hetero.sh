@@ -2,8 +2,10 @@
 # HeteroPP on the built-in emulated cluster, measured: the HeteroAuto plan, the uniform layer split of the same
 # devices, and each chip type alone (planned as h2 train --cluster plans emulated chips: without interleaving),
 # each trained for a few steps by `h2 train --cluster --plan`, against what the simulator predicts for the same
-# plan. ROUNDS (default 3) alternating rounds of all four, so that the host's load falls on each alike; the
-# table gives each figure's mean and min-max. Writes docs/pipeline_bench.md.
+# plan. First h2 profile measures the chips (and their kernels' work, which the emulated chips of every run then
+# pace to: device/emu/device.h); one run of the uniform split on the profiled figures calibrates them (h2 calibrate),
+# and all four are planned on the calibrated figures. ROUNDS (default 3) alternating rounds of all four, so that the
+# host's load falls on each alike; the table gives each figure's mean and min-max. Writes docs/pipeline_bench.md.
 # Needs the sample data (scripts/setup.sh fetches it). STEPS (default 12) sets the steps per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +16,14 @@ rm -rf "$out" && mkdir -p "$out"
 model=examples/model_small.yaml setup=examples/train_local.yaml cluster=examples/cluster_local.yaml
 # Profile in the precision the runs train in: the setup's (h2 train --cluster trains in it, docs/pipeline.md).
 precision=$(sed -n 's/^precision: *\([a-z0-9]*\).*/\1/p' $setup)
-build/h2 profile --cluster $cluster --model $model --precision "${precision:-f32}" --out $out/cluster.yaml
+build/h2 profile --cluster $cluster --model $model --precision "${precision:-f32}" --out $out/profiled.yaml
+build/h2 plan --no-interleave --cluster $out/profiled.yaml --model $model --train $setup --baseline uniform \
+  --out $out/calibration.json > $out/calibration.plan.txt
+echo "calibration run: the uniform split on the profiled figures"
+build/h2 train --config examples/train_cluster.yaml --cluster $out/profiled.yaml --model $model --train $setup \
+  --plan $out/calibration.json --set train.steps="$steps" --set train.out_dir=$out/calibration --quiet 2>&1 |
+  grep -v "h2 warn"
+build/h2 calibrate $out/calibration --out $out/cluster.yaml | sed -n '/^fitted/,/^action/p' | grep -v '^action'
 runs=()
 for run in plan uniform fast slow; do
   baseline=()
@@ -29,7 +38,7 @@ done
 for round in $(seq 1 "$rounds"); do
   for run in "${runs[@]}"; do
     echo "round $round/$rounds: $run"
-    build/h2 train --config examples/train_cluster.yaml --cluster $cluster --model $model --train $setup \
+    build/h2 train --config examples/train_cluster.yaml --cluster $out/cluster.yaml --model $model --train $setup \
       --plan $out/$run.json --set train.steps="$steps" --set train.out_dir=$out/$run.$round --quiet 2>&1 |
       grep -v "h2 warn"
   done
@@ -40,8 +49,9 @@ out, steps, rounds, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[
 def spread(xs, f="{:.0f}"):
     return f"{f.format(sum(xs) / len(xs))} ({f.format(min(xs))}–{f.format(max(xs))})"
 print(f"Measured by bench/run_hetero.sh: {rounds} alternating rounds of {steps} steps per run (step time = mean after")
-print("2 warm-up steps), on the cluster examples/cluster_local.yaml as profiled by h2 profile")
-print("(runs/bench_hetero/cluster.yaml); each figure the mean over the rounds, (min–max).\n")
+print("2 warm-up steps), on the cluster examples/cluster_local.yaml as profiled by h2 profile and calibrated by")
+print("h2 calibrate on one earlier run of the uniform split (runs/bench_hetero/cluster.yaml); each figure the mean")
+print("over the rounds, (min–max).\n")
 print("| run | devices | stages (chip: layers) | measured tokens/s | simulated tokens/s | measured / simulated |")
 print("|---|---|---|---|---|---|")
 tokens, ratios = {}, {}

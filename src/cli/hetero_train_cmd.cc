@@ -13,14 +13,15 @@ ClusterJobFiles files_of(const HeteroTrainCmd& cmd) {
   return ClusterJobFiles{cmd.config, cmd.cluster, cmd.model, cmd.train, cmd.plan, cmd.overrides};
 }
 
-std::vector<std::string> rank_command(const HeteroTrainCmd& cmd, const std::string& plan_path, bool resume) {
+std::vector<std::string> rank_command(const HeteroTrainCmd& cmd, const std::string& plan_path,
+                                      const std::string& cluster_path, bool resume) {
   std::vector<std::string> out = {std::filesystem::read_symlink("/proc/self/exe").string(),
                                   "train",
                                   "--as-rank",
                                   "--config",
                                   cmd.config,
                                   "--cluster",
-                                  cmd.cluster,
+                                  cluster_path,
                                   "--plan",
                                   plan_path};
   if (!cmd.model.empty()) out.insert(out.end(), {"--model", cmd.model});
@@ -38,13 +39,14 @@ int run_hetero_train(const HeteroTrainCmd& cmd) {
   const std::string source = job_env().source;
   const bool external = !cmd.as_rank && (source == "mpirun" || source == "srun");
   if (cmd.as_rank || external) return run_cluster_rank(files_of(cmd), cmd.resume, cmd.quiet, external);
-  return drive_cluster_job(files_of(cmd), cmd.resume,
-                           DriverOptions{.profile = cmd.profile,
-                                         .quiet = cmd.quiet,
-                                         .elastic = cmd.elastic,
-                                         .rank_command = [&](const std::string& plan,
-                                                             bool resume) { return rank_command(cmd, plan, resume); },
-                                         .profile_rank_command = profile_rank_command});
+  return drive_cluster_job(
+      files_of(cmd), cmd.resume,
+      DriverOptions{.profile = cmd.profile,
+                    .quiet = cmd.quiet,
+                    .elastic = cmd.elastic,
+                    .rank_command = [&](const std::string& plan, const std::string& cluster,
+                                        bool resume) { return rank_command(cmd, plan, cluster, resume); },
+                    .profile_rank_command = profile_rank_command});
 }
 
 }  // namespace h2::cli

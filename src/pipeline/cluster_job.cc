@@ -153,12 +153,13 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   make_directory(out_dir, "train.out_dir");
   // The ranks emulate the cluster file's chips; the planner may see the measured ones.
   Cluster planned_on = in.run.cluster;
+  std::string ranks_cluster = files.cluster;  // the file the ranks load
   if (options.profile) {
-    const std::string profiled = (fs::path(out_dir) / "cluster_profiled.yaml").string();
+    ranks_cluster = (fs::path(out_dir) / "cluster_profiled.yaml").string();
     profile_cluster(ProfileJob{files.cluster, in.shape, files.model.empty() ? files.config : files.model,
                                *std::min_element(in.setup.micro_batches.begin(), in.setup.micro_batches.end()),
-                               in.setup.precision, profiled, options.profile_rank_command});
-    planned_on = load_cluster(ConfigNode::load_file(profiled));
+                               in.setup.precision, ranks_cluster, options.profile_rank_command});
+    planned_on = load_cluster(ConfigNode::load_file(ranks_cluster));
   }
   if (files.plan.empty() && planned_on.figures == Figures::kDatasheet) {
     std::printf(
@@ -193,7 +194,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   }
   LaunchOptions launch_options;
   launch_options.ranks = ranks;
-  LaunchResult result = launch(options.rank_command(plan_path, resume), launch_options);
+  LaunchResult result = launch(options.rank_command(plan_path, ranks_cluster, resume), launch_options);
   std::optional<CostModel> left;  // under --elastic, the cost model of the devices left after failures
   for (int failure = 1; result.exit_code != 0 && options.elastic && result.failed_rank >= 0; ++failure) {
     const double failed_at = monotonic_seconds();
@@ -225,7 +226,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
                 static_cast<long long>(std::max<int64_t>(0, reached - from_step)), static_cast<long long>(reached),
                 monotonic_seconds() - failed_at);
     std::fflush(stdout);
-    result = launch(options.rank_command(plan_path, !from.empty()), launch_options);
+    result = launch(options.rank_command(plan_path, ranks_cluster, !from.empty()), launch_options);
   }
   if (result.exit_code != 0) return result.exit_code;
   const int ranks_run = stage_layout_of(in.run.plan).world_size();

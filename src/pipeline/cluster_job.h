@@ -54,9 +54,11 @@ struct DriverOptions {
   // When a rank dies: re-plan on the devices left (that device out), resume the newest verified checkpoint under
   // the new plan and go on, reporting the time lost; without it the job ends with the rank's status.
   bool elastic = false;
-  // argv of one rank of this job for the plan at `plan_path` (the h2 binary with --as-rank and the same files),
-  // resuming the newest checkpoint when `resume`.
-  std::function<std::vector<std::string>(const std::string& plan_path, bool resume)> rank_command;
+  // argv of one rank of this job for the plan at `plan_path` on the cluster file `cluster_path` (the job's, or with
+  // `profile` the profiled one: its kernel_work paces the emulated chips as profiled, device/emu/device.h) — the h2
+  // binary with --as-rank and the job's other files —, resuming the newest checkpoint when `resume`.
+  std::function<std::vector<std::string>(const std::string& plan_path, const std::string& cluster_path, bool resume)>
+      rank_command;
   // argv of one measuring rank, for `profile` (pipeline/profile.h).
   std::function<std::vector<std::string>(const std::string&, const std::string&, int, Precision, const std::string&)>
       profile_rank_command;

@@ -109,10 +109,12 @@ EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int h
   constexpr double kBusyShare = 0.4;
   const double scale = busy_cores > 0 ? std::min(1.0, kBusyShare * host_cores / busy_cores) : 1.0;
   const ChipType& c = cluster.chips[static_cast<size_t>(index)];
-  return EmuProfile{.chip = c.name,
-                    .speed = scale * c.emulation_flops() / fastest,
-                    .mem_capacity_bytes = static_cast<size_t>(c.memory_bytes()),
-                    .mem_bandwidth_gbps = 0};
+  return EmuProfile{
+      .chip = c.name,
+      .speed = scale * c.emulation_flops() / fastest,
+      .mem_capacity_bytes = static_cast<size_t>(c.memory_bytes()),
+      .mem_bandwidth_gbps = 0,
+      .reference_work = c.kernel_work.empty() ? nullptr : std::make_shared<const KernelWork>(c.kernel_work)};
 }
 
 DeviceSpec device_spec_of(const Cluster& cluster, const std::string& chip, int index) {

@@ -53,6 +53,7 @@ GptConfig gpt_config_of(const TransformerShape& shape);
 // all busy, need at most 40% of the cores (the rest for communication, the system, the time slices a rank
 // waits for a core and the slowdown ranks sharing caches and memory bandwidth give each other's kernels): emulation is
 // faithful only then (device/emu/device.h). The fastest type runs at this host's speed when the cores suffice.
+// The chip type's kernel_work (h2 profile's, in a profiled file) is the emulation's reference of kernel work.
 EmuProfile emu_profile_of(const Cluster& cluster, const std::string& chip, int host_cores = 0);
 
 // The device a rank of chip type `chip` runs on, by the type's backend: its emulation (emu_profile_of), this

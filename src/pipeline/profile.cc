@@ -34,13 +34,46 @@ double emulated_speed(const Cluster& cluster, const std::string& chip) {
   return spec.emu ? spec.emu->speed : 1.0;
 }
 
+// Every rank's kernel work, on every rank, in rank order. Keys and seconds travel as raw 32-bit words in f32 slots
+// (an all-gather copies them, it does not compute with them).
+std::vector<KernelWork> gather_kernel_work(Communicator& world, const KernelWork& mine) {
+  constexpr size_t kWords = 4;  // per entry: the key's 8 bytes, then the seconds' 8
+  float count = static_cast<float>(mine.size());
+  std::vector<float> counts(static_cast<size_t>(world.size()));
+  world.all_gather(counts.data(), &count, 1, DType::kF32);
+  const auto most = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
+  std::vector<KernelWork> all_work(counts.size());
+  if (most == 0) return all_work;
+  std::vector<float> words(most * kWords, 0.0f), all(words.size() * counts.size());
+  size_t at = 0;
+  for (const auto& [key, seconds] : mine) {
+    std::memcpy(&words[at], &key, sizeof key);
+    std::memcpy(&words[at + 2], &seconds, sizeof seconds);
+    at += kWords;
+  }
+  world.all_gather(all.data(), words.data(), words.size(), DType::kF32);
+  for (size_t r = 0; r < counts.size(); ++r) {
+    for (size_t e = 0; e < static_cast<size_t>(counts[r]); ++e) {
+      uint64_t key = 0;
+      double seconds = 0;
+      std::memcpy(&key, &all[(r * most + e) * kWords], sizeof key);
+      std::memcpy(&seconds, &all[(r * most + e) * kWords + 2], sizeof seconds);
+      all_work[r][key] = seconds;
+    }
+  }
+  return all_work;
+}
+
 }  // namespace
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
-                             int micro_batch, Precision precision, double min_seconds) {
+                             int micro_batch, Precision precision, double min_seconds, const KernelWork* reference) {
   DeviceSpec spec = device_spec_of(cluster, chip, 0);
-  if (spec.emu) spec.emu->mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
-  spec.mem_capacity_bytes.reset();                                // the device's own (a GPU's memory, this host's)
+  if (spec.emu) {
+    spec.emu->mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
+    spec.emu->reference_work = reference ? std::make_shared<const KernelWork>(*reference) : nullptr;
+  }
+  spec.mem_capacity_bytes.reset();  // the device's own (a GPU's memory, this host's)
   auto device = create_device(spec);
   Device& dev = *device;
   const GptConfig config = gpt_config_of(shape);
@@ -239,6 +272,32 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     if (round > 0) recompute.push_back(selective.recompute_seconds() - before);
   }
   m.recompute_s = median(recompute);
+  // The kernels a stage of this chip type runs at TP > 1, for the kernel work only (untimed, kRounds + 1 times, as
+  // above): a block and the head on each TP rank (the first adds the row-parallel biases; vocabulary shards may be
+  // uneven). Their all-reduces are left out: they launch no kernels.
+  const auto nothing = [](const Tensor&) {};
+  for (int tp = 2; tp <= cluster.devices_of(cluster.chip_index(chip)) && tp <= NH; ++tp) {
+    if (NH % tp != 0) continue;
+    for (int rank = 0; rank < tp; ++rank) {
+      const TensorParallel group{rank, tp, nothing, nothing};
+      Gpt tp_block(config, dev, GptRange{false, 0, 1, false}, B, T, group, block.policy());
+      Gpt tp_head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T, group, head.policy());
+      tp_block.init(1);
+      tp_head.init(1);
+      for (int round = 0; round <= kRounds; ++round) {
+        tp_block.forward(x);
+        tp_block.backward(dout);
+        tp_head.forward(x);
+        tp_head.loss(targets);
+        tp_head.backward();
+      }
+    }
+  }
+  dev.synchronize();
+  m.kernel_work = emu_least_work(dev);
+  if (reference) {
+    for (const auto& [key, seconds] : *reference) m.kernel_work[key] = seconds;
+  }
   return m;
 }
 
@@ -428,6 +487,7 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
   out.figures = Figures::kProfiled;
   for (const ChipMeasurement& m : chips) {
     ChipType& t = out.chips[static_cast<size_t>(out.chip_index(m.chip))];
+    t.kernel_work = m.kernel_work;
     // The GEMM rate measured in the profiled precision stands for the peak in both, reached in full beyond the
     // elements' costs.
     t.peak_tflops = t.peak_tflops_f32 = m.matmul_flops / 1e12;
@@ -510,10 +570,6 @@ std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int
   return turns;
 }
 
-const ChipMeasurement& faster_measurement(const ChipMeasurement& a, const ChipMeasurement& b) {
-  return b.layer_s + b.head_s < a.layer_s + a.head_s ? b : a;
-}
-
 // One chip type at a time, on its first rank, while every other rank sleeps: the training ranks' emulated chips
 // count a kernel's work as the least its shapes have done (device/emu/device.h), which is what it does without
 // other ranks in the host's caches — what a rank measures alone. Then the link, every rank at once; rank 0 writes
@@ -527,9 +583,11 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   omp_set_num_threads(threads_per_rank(cluster));
   world.barrier();
   const int me = world.rank();
-  // The measuring ranks, in order, twice: each tells the next when it is done, the last tells all. Each chip type
-  // keeps the faster of its two measurements (measured: one profile in four put the fast chips' block 35% slower
-  // than the others).
+  // The measuring ranks, in order, twice: each tells the next when it is done, the last tells all. The first pass
+  // finds each kernel's least work on this host; the second measures with the chip paced to it, as training will
+  // pace (the profiled cluster's kernel_work), and is the one kept. (Before, each chip type kept the faster of two
+  // passes paced by their own least work: one profile in four put the fast chips' block 35% slower than the others,
+  // and a run the host slowed since its profile ran up to 9% slower than its simulation; docs/pipeline.md.)
   const std::vector<int> turns = measuring_turns(chips, /*passes=*/2);
   const auto tell = [&](int to) {
     const char done = 1;
@@ -541,9 +599,8 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   for (size_t t = 0; t < turns.size(); ++t) {
     if (turns[t] != me) continue;
     if (t > 0 && turns[t - 1] != me) wait_for_turn(world, turns[t - 1]);
-    const ChipMeasurement pass =
-        measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, /*min_seconds=*/2.0);
-    m = measured ? faster_measurement(m, pass) : pass;
+    m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, /*min_seconds=*/2.0,
+                     measured ? &m.kernel_work : nullptr);
     measured = true;
     if (t + 1 < turns.size() && turns[t + 1] != me) tell(turns[t + 1]);
   }
@@ -557,6 +614,7 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   world.barrier();
   const LinkMeasurement link = measure_link(world, cluster, chips[static_cast<size_t>(me)], shape, micro_batch);
   const std::vector<double> figures = measurement_figures(m);
+  const std::vector<KernelWork> work = gather_kernel_work(world, m.kernel_work);
   std::vector<float> mine(figures.begin(), figures.end());
   // Every measuring rank has as many figures as rank 0 (the first to measure); the others send as many zeros.
   float count = static_cast<float>(mine.size());
@@ -569,7 +627,9 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
     for (const int r : measuring_turns(chips, /*passes=*/1)) {
       std::vector<double> figures(all.begin() + static_cast<long>(static_cast<size_t>(r) * mine.size()),
                                   all.begin() + static_cast<long>((static_cast<size_t>(r) + 1) * mine.size()));
-      ranks.push_back({{"chip", chips[static_cast<size_t>(r)]}, {"figures", figures}});
+      nlohmann::json kernel_work = nlohmann::json::array();
+      for (const auto& [key, seconds] : work[static_cast<size_t>(r)]) kernel_work.push_back({key, seconds});
+      ranks.push_back({{"chip", chips[static_cast<size_t>(r)]}, {"figures", figures}, {"kernel_work", kernel_work}});
     }
     write_file_atomic(out, nlohmann::json{{"bandwidth_gbps", link.bandwidth_gbps},
                                           {"latency_us", link.latency_us},
@@ -603,16 +663,21 @@ void profile_cluster(const ProfileJob& job) {
   if (r.exit_code != 0) throw Error(ErrorCode::kInternal, cat("the measurement failed: ", r.message));
   const nlohmann::json j = nlohmann::json::parse(read_file(part));
   std::filesystem::remove(part);
-  // Each chip type: the mean over its ranks.
+  // Each chip type: the mean over its ranks; the kernel work of each, the least.
   std::vector<ChipMeasurement> chips;
   for (const ChipType& t : cluster.chips) {
     std::vector<double> sum;
+    KernelWork work;
     int n = 0;
     for (const auto& x : j["ranks"]) {
       if (x["chip"] != t.name) continue;
       const std::vector<double> figures = x["figures"].get<std::vector<double>>();
       sum.resize(figures.size(), 0.0);
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += figures[i];
+      for (const auto& entry : x["kernel_work"]) {
+        const auto [at, first] = work.try_emplace(entry[0].get<uint64_t>(), entry[1].get<double>());
+        if (!first) at->second = std::min(at->second, entry[1].get<double>());
+      }
       ++n;
     }
     if (n == 0) continue;
@@ -620,8 +685,10 @@ void profile_cluster(const ProfileJob& job) {
     ChipMeasurement m = measurement_of(sum);
     m.chip = t.name;
     m.speed = emulated_speed(cluster, t.name);
+    m.kernel_work = std::move(work);
     chips.push_back(m);
   }
+
   const LinkMeasurement link{j["bandwidth_gbps"].get<double>(), j["latency_us"].get<double>(),
                              j["idle_latency_us"].get<double>()};
   const Cluster profiled = profiled_cluster(cluster, chips, link);

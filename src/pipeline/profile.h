@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "device/emu/device.h"
 #include "planner/spec.h"
 
 namespace h2 {
@@ -51,6 +52,7 @@ struct ChipMeasurement {
   // The GEMMs' forwards' rate over forward and backward's together (planner/spec.h's matmul_forward_speedup).
   double matmul_forward_speedup = 1;
   double elementwise_gbps = 0;  // a block's and the head's element-wise and row-wise kernels (ChipType's)
+  KernelWork kernel_work;       // an emulated chip's: the least work each kernel shape did (device/emu/device.h)
 };
 
 // The figures in a fixed order (for sending them between ranks): these, then each GEMM's rows, k, n and seconds.
@@ -88,9 +90,13 @@ struct LinkMeasurement {
 };
 
 // Medians over rounds of the measurements, repeated for at least `min_seconds` and at least 3 rounds. The GEMMs, a
-// block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h).
+// block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h). With
+// `reference`, an emulated chip paces the kernels it lists to that work (device/emu/device.h): the figures are then
+// those of the kernels as training paces them after this profile, and kernel_work is the reference, with the least
+// work of each kernel it does not list.
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
-                             int micro_batch, Precision precision, double min_seconds = 0);
+                             int micro_batch, Precision precision, double min_seconds = 0,
+                             const KernelWork* reference = nullptr);
 // A collective over `world`, each rank on a device of its `chip`; every rank gets the result. The latency under load
 // times a GEMM of the shape's TP-2 block size (micro-batch rows) with and without an all-reduce after it.
 LinkMeasurement measure_link(Communicator& world, const Cluster& cluster, const std::string& chip,
@@ -101,14 +107,17 @@ LinkMeasurement measure_link(Communicator& world, const Cluster& cluster, const 
 double latency_under_load_s(const std::vector<double>& alone_with);
 
 // The cluster with the measured figures in place of the datasheet's. The GEMM rate measured (in the precision
-// profiled) stands for the chip's peak in both precisions: a profile is for training in its own precision.
+// profiled) stands for the chip's peak in both precisions: a profile is for training in its own precision. Each
+// chip type's kernel_work is its measurement's.
 Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips,
                          const LinkMeasurement& link);
 
 // The whole measurement, as `h2 profile` runs it: one process per device (at most 16; each chip type keeps its
 // share), started with h2 launch's machinery by `rank_command` (the arguments that make a process call
 // profile_rank with the same files), each measuring its chip type while the others measure theirs; then the
-// link. Prints a table per chip type and writes the profiled cluster file `out` (atomically).
+// link. Prints a table per chip type and writes the profiled cluster file `out` (atomically), each emulated chip
+// type with its kernel work: the reference the training ranks' emulated chips then pace those kernels to
+// (device/emu/device.h).
 struct ProfileJob {
   std::string cluster_file;
   TransformerShape shape;   // the model whose shapes are measured
@@ -126,10 +135,6 @@ void profile_cluster(const ProfileJob& job);
 // The order in which profile_rank's ranks measure, one at a time: the first rank of each chip type (`rank_chips`
 // names each rank's), in rank order, `passes` times over.
 std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int passes);
-// Of two measurements of one chip type, the one profile_rank keeps: the faster by its block and head together — a
-// pass the host slowed for seconds (another tenant) is not what training sees over minutes, where an emulated
-// chip's kernels take the least work their shapes have done.
-const ChipMeasurement& faster_measurement(const ChipMeasurement& a, const ChipMeasurement& b);
 
 // One measuring rank (a process started by profile_cluster): joins the job, measures, and rank 0 writes what
 // every rank found to `raw_out` (JSON).

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <optional>
 
@@ -173,6 +174,23 @@ std::string cluster_to_yaml(const Cluster& c) {
     }
     y << YAML::EndSeq;
   }
+  const bool profiled_here =
+      std::any_of(c.chips.begin(), c.chips.end(), [](const ChipType& t) { return !t.kernel_work.empty(); });
+  if (profiled_here) {
+    y << YAML::Key << "kernel_work" << YAML::Value << YAML::BeginSeq;
+    for (const ChipType& t : c.chips) {
+      if (t.kernel_work.empty()) continue;
+      y << YAML::BeginMap << YAML::Key << "chip" << YAML::Value << t.name << YAML::Key << "work" << YAML::Value
+        << YAML::BeginSeq;
+      for (const auto& [key, seconds] : t.kernel_work) {
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(key));
+        y << YAML::Flow << YAML::BeginSeq << hex << seconds << YAML::EndSeq;
+      }
+      y << YAML::EndSeq << YAML::EndMap;
+    }
+    y << YAML::EndSeq;
+  }
   y << YAML::EndMap;
   return std::string(y.c_str()) + "\n";
 }
@@ -233,7 +251,7 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
 }
 
 Cluster load_cluster(const ConfigNode& root) {
-  root.allow_only({"name", "figures", "catalog", "chips", "groups", "links"});
+  root.allow_only({"name", "figures", "catalog", "chips", "groups", "links", "kernel_work"});
   Cluster c;
   c.name = root.get<std::string>("name", root.file());
   if (auto f = root.find("figures")) {
@@ -333,6 +351,26 @@ Cluster load_cluster(const ConfigNode& root) {
       }
       c.links.push_back(GroupLink{a, b, catalog->between_types.bandwidth_gbps, catalog->between_types.latency_us,
                                   catalog->between_types.device_direct});
+    }
+  }
+  if (auto work = root.find("kernel_work")) {
+    for (const ConfigNode& entry : work->items()) {
+      entry.allow_only({"chip", "work"});
+      const int chip = c.chip_index(entry.get<std::string>("chip"));
+      if (chip < 0) entry.at("chip").fail(cat("unknown chip type '", entry.get<std::string>("chip"), "'"));
+      std::map<uint64_t, double>& into = c.chips[static_cast<size_t>(chip)].kernel_work;
+      if (!into.empty()) entry.at("chip").fail("is listed twice");
+      for (const ConfigNode& n : entry.at("work").items()) {
+        const std::vector<ConfigNode> pair = n.items();
+        if (pair.size() != 2) n.fail("must be [shape key in 16 hex digits, seconds] (h2 profile writes it)");
+        const std::string hex = pair[0].as_string();
+        if (hex.size() != 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+          pair[0].fail(cat("'", hex, "' is not a shape key of 16 lower-case hex digits (h2 profile writes them)"));
+        }
+        const double seconds = pair[1].as_double();
+        if (!(seconds > 0 && std::isfinite(seconds))) pair[1].fail("must be a positive number of seconds");
+        into[std::stoull(hex, nullptr, 16)] = seconds;
+      }
     }
   }
   return c;

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ struct ChipType {
   // calibrated file that set the emulation by its fitted rates ran a 4-device example's chips at 0.47 and 0.13 of
   // the host where the run it was fitted on had 0.4 and 0.2 — another cluster than the one it predicts.
   double emulation_tflops = 0;
+  // h2 profile's measurement of this host's kernels on this chip's emulation: the host seconds of work a kernel of
+  // each shape key did (device/emu/device.h's KernelWork). The emulated chip paces the kernels it lists to it, so a
+  // run made after the profile paces them as the profile measured them; empty in a file not profiled here.
+  std::map<uint64_t, double> kernel_work;
 
   // Achievable rates, FLOP/s and bytes/s.
   double peak_flops(bool bf16) const {
@@ -115,7 +120,6 @@ struct Cluster {
   std::vector<ChipType> chips;
   std::vector<NodeGroup> groups;  // one per chip type, in chip order
   std::vector<GroupLink> links;
-
   int devices_of(int chip) const;
   const NodeGroup& group_of(int chip) const;
   // The link between two chip types; for a == b the group's NIC. Throws if the cluster defines none.

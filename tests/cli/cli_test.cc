@@ -560,6 +560,7 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   for (const ChipType& chip : load_cluster(ConfigNode::load_file(out)).chips) {
     EXPECT_GT(chip.peak_tflops, 0.0) << chip.name;
     EXPECT_GT(chip.memory_bandwidth_gbps, 0.0) << chip.name;
+    EXPECT_FALSE(chip.kernel_work.empty()) << chip.name;  // each type's kernels' work, for the runs to pace to
   }
 }
 

@@ -2,6 +2,7 @@
 #include <set>
 
 #include "device/emu/device.h"
+#include "device/key_recorder.h"
 #include "device/registry.h"
 #include "ops/cpu/kernels.h"
 #include "ops/ops.h"
@@ -20,13 +21,14 @@ struct FakeTime {
   double now = 0.0;
   double oversleep = 0.0;
   std::vector<double> sleeps;
-  Pacer make(double speed, double bandwidth_gbps) {
+  Pacer make(double speed, double bandwidth_gbps, std::shared_ptr<const KernelWork> reference = nullptr) {
     return Pacer(
         speed, bandwidth_gbps, [this] { return now; },
         [this](double s) {
           sleeps.push_back(s);
           now += s + oversleep;
-        });
+        },
+        std::move(reference));
   }
 };
 
@@ -115,17 +117,39 @@ TEST(Pacer, AKernelsWorkIsTheLeastItsShapesHaveDone) {
   EXPECT_NEAR(time.sleeps[2], 0.015, 1e-12);
 }
 
-// A device that records the shape key of every kernel launched on it.
-class KeyRecorder final : public Device {
- public:
-  KeyRecorder() : Device(DeviceProps{.name = "keys:0", .backend = "cpu", .mem_capacity_bytes = size_t{1} << 20}) {}
-  const Kernels& kernels() const override { return cpu_kernels(); }
-  void launch(const char*, uint64_t shape_key, const std::function<void()>& kernel) override {
-    keys.push_back(shape_key);
-    kernel();
-  }
-  std::vector<uint64_t> keys;
-};
+// A reference of kernel work (h2 profile's) fixes the work of the kernels it lists: key 1 did 10 ms in the profile;
+// on a host slowed since (12 ms of work now, all its wall time) the half-speed chip still takes 20 ms — 8 ms to
+// sleep —, and on one faster since (8 ms) too — 12 ms to sleep. Key 2, not listed, is paced by its own 15 ms: 15 ms.
+// least_work() reports what was measured (8 ms for key 1), not the reference.
+TEST(Pacer, AReferenceFixesTheWorkOfTheKernelsItLists) {
+  FakeTime time;
+  Pacer pacer = time.make(0.5, 0.0, std::make_shared<const KernelWork>(KernelWork{{1, 0.010}}));
+  pacer.after_kernel(1, 0.012, 0.012);
+  pacer.after_kernel(1, 0.008, 0.008);
+  pacer.after_kernel(2, 0.015, 0.015);
+  ASSERT_EQ(time.sleeps.size(), 3u);
+  EXPECT_NEAR(time.sleeps[0], 0.008, 1e-12);
+  EXPECT_NEAR(time.sleeps[1], 0.012, 1e-12);
+  EXPECT_NEAR(time.sleeps[2], 0.015, 1e-12);
+  EXPECT_EQ(pacer.least_work(), (KernelWork{{1, 0.008}, {2, 0.015}}));
+}
+
+// An emulated device reports the least work of the kernels it ran, one entry per shape key; another backend none.
+TEST(EmuDevice, ReportsTheLeastWorkOfItsKernels) {
+  EmuProfile profile;
+  profile.speed = 1.0;
+  profile.mem_capacity_bytes = size_t{64} << 20;
+  auto emu = make_emu_device(0, profile);
+  const Tensor a = emu->zeros(DType::kF32, {64, 64}), b = emu->zeros(DType::kF32, {64, 64});
+  const Tensor out = emu->empty(DType::kF32, {64, 64});
+  ops::matmul_forward(out, a, b, Tensor());
+  ops::matmul_forward(out, a, b, Tensor());
+  const KernelWork work = emu_least_work(*emu);
+  ASSERT_EQ(work.size(), 1u);
+  EXPECT_GT(work.begin()->second, 0.0);
+  auto cpu = create_device(DeviceSpec{.backend = "cpu"});
+  EXPECT_TRUE(emu_least_work(*cpu).empty());
+}
 
 // What the pacing's least work is kept by: the same op on the same shapes has one key; another shape, another op or
 // another dtype has its own.

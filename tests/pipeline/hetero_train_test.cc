@@ -102,6 +102,14 @@ TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
   EXPECT_NEAR(emu_profile_of(two_types(2, 2), "fast", 2).speed, 0.266667, 1e-6);
   EXPECT_NEAR(emu_profile_of(two_types(2, 2), "slow", 2).speed, 0.133333, 1e-6);
   EXPECT_EQ(emu_profile_of(two_types(2, 2), "slow", 2).mem_capacity_bytes, size_t{1} << 30);
+  // Without a profile's kernel work, no reference; with it, the emulation paces to it.
+  EXPECT_EQ(emu_profile_of(two_types(2, 2), "slow", 2).reference_work, nullptr);
+  Cluster profiled = two_types(2, 2);
+  profiled.chips[0].kernel_work = {{3, 0.25}};
+  const EmuProfile paced = emu_profile_of(profiled, "fast", 2);
+  ASSERT_NE(paced.reference_work, nullptr);
+  EXPECT_EQ(*paced.reference_work, profiled.chips[0].kernel_work);
+  EXPECT_EQ(emu_profile_of(profiled, "slow", 2).reference_work, nullptr);
   EXPECT_THAT(error_of([] { emu_profile_of(two_types(1, 1), "tpu", 2); }, ErrorCode::kNotFound),
               HasSubstr("chip type 'tpu' is not in cluster t"));
 }

@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include "device/key_recorder.h"
+#include "model/gpt.h"
+#include "ops/ops.h"
+#include "pipeline/hetero_train.h"
+
 namespace h2 {
 namespace {
 
@@ -59,16 +64,39 @@ TEST(ProfileTurns, TheFirstRankOfEachChipTypeOncePerPass) {
   EXPECT_EQ(measuring_turns({"slow", "fast", "slow"}, 1), (std::vector<int>{0, 1}));
 }
 
-// Of two passes, the faster by block and head together: a pass with the faster block but a head slower by more is
-// not kept.
-TEST(ProfileTurns, KeepsThePassWhoseBlockAndHeadTogetherAreFaster) {
-  ChipMeasurement first, second;
-  first.layer_s = 1.0, first.head_s = 1.0;    // 2.0 s
-  second.layer_s = 0.9, second.head_s = 1.2;  // 2.1 s: the faster block, the slower whole
-  EXPECT_EQ(&faster_measurement(first, second), &first);
-  second.head_s = 1.0;  // 1.9 s
-  EXPECT_EQ(&faster_measurement(first, second), &second);
-  EXPECT_EQ(&faster_measurement(second, first), &second);
+// h2 profile lists the work of the kernels a stage runs at every tensor-parallel degree its chip type's devices
+// allow, so that a run paces them as profiled: every kernel a TP-2 block and head run, on either TP rank (the
+// first adds the row-parallel biases; 101 tokens make uneven vocabulary shards), is in the measurement's
+// kernel_work, with positive work.
+TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStage) {
+  const Cluster cluster = load_cluster(ConfigNode::parse_string(
+      "name: pair\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
+      "groups:\n  - {chip: c, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}\n",
+      "pair.yaml"));
+  const TransformerShape shape{
+      .layers = 1, .hidden = 32, .heads = 2, .kv_heads = 2, .ffn = 128, .vocab = 101, .seq_len = 8};
+  const ChipMeasurement m = measure_chip(cluster, "c", shape, /*micro_batch=*/1, Precision::kF32);
+  const GptConfig config = gpt_config_of(shape);
+  KeyRecorder dev(size_t{64} << 20);
+  const Tensor x = dev.zeros(DType::kF32, {1, 8, 32}), dout = dev.zeros(DType::kF32, {1, 8, 32});
+  const Tensor targets = dev.zeros(DType::kI32, {1, 8});
+  const auto nothing = [](const Tensor&) {};
+  for (int rank = 0; rank < 2; ++rank) {
+    const TensorParallel tp{rank, 2, nothing, nothing};
+    Gpt block(config, dev, GptRange{false, 0, 1, false}, 1, 8, tp);
+    Gpt head(config, dev, GptRange{false, 1, 1, true}, 1, 8, tp);
+    block.forward(x);
+    block.backward(dout);
+    head.forward(x);
+    head.loss(targets);
+    head.backward();
+  }
+  ASSERT_FALSE(dev.keys.empty());
+  for (const uint64_t key : dev.keys) {
+    const auto listed = m.kernel_work.find(key);
+    ASSERT_NE(listed, m.kernel_work.end()) << "kernel " << key << " is not in the profile's kernel work";
+    EXPECT_GT(listed->second, 0.0);
+  }
 }
 
 // The latency under load, worked by hand. Pair (0, 1): GEMMs alone 10 and 12 ms, with the all-reduce 13 and 14 ms:

@@ -120,7 +120,35 @@ TEST(Spec, ClusterYamlRoundTripsAwkwardNames) {
   EXPECT_TRUE(back.links[1].device_direct);
   EXPECT_EQ(back.groups[1].nodes, 2);
   EXPECT_DOUBLE_EQ(back.groups[2].intra_node_gbps, 80);
+  EXPECT_TRUE(back.chips[0].kernel_work.empty());
   EXPECT_EQ(cluster_to_yaml(back), cluster_to_yaml(c));
+}
+
+// h2 profile's kernel work, per chip type: 64-bit shape keys (the highest bit set too) and seconds load back as
+// written; a chip type not in the file, one listed twice, a key that is not 16 hex digits, a pair of the wrong
+// length or seconds <= 0 are errors naming the field.
+TEST(Spec, ClusterYamlCarriesEachChipsKernelWork) {
+  Cluster c = cluster_of(kSmallCluster);
+  c.chips[0].kernel_work = {{0xfedcba9876543210ULL, 1.25e-5}, {7, 0.5}};
+  c.chips[2].kernel_work = {{7, 0.25}};
+  const std::string yaml = cluster_to_yaml(c);
+  EXPECT_THAT(yaml, HasSubstr("[fedcba9876543210, 1.25e-05]"));
+  const Cluster back = load_cluster(ConfigNode::parse_string(yaml, "written.yaml"));
+  EXPECT_EQ(back.chips[0].kernel_work, c.chips[0].kernel_work);
+  EXPECT_TRUE(back.chips[1].kernel_work.empty());
+  EXPECT_EQ(back.chips[2].kernel_work, c.chips[2].kernel_work);
+  const std::string base = cluster_to_yaml(cluster_of(kSmallCluster));
+  const auto error = [&](const std::string& entries) {
+    return error_of([&] { load_cluster(ConfigNode::parse_string(base + "kernel_work: " + entries, "k.yaml")); },
+                    ErrorCode::kConfig);
+  };
+  EXPECT_THAT(error("[{chip: W, work: [[fedcba9876543210, 1]]}]"), HasSubstr("unknown chip type 'W'"));
+  EXPECT_THAT(error("[{chip: X, work: [[fedcba9876543210, 1]]}, {chip: X, work: [[fedcba9876543210, 1]]}]"),
+              HasSubstr("is listed twice"));
+  EXPECT_THAT(error("[{chip: X, work: [[fedcba987654321, 1]]}]"), HasSubstr("'fedcba987654321' is not a shape key"));
+  EXPECT_THAT(error("[{chip: X, work: [[fedcba987654321g, 1]]}]"), HasSubstr("is not a shape key"));
+  EXPECT_THAT(error("[{chip: X, work: [[fedcba9876543210]]}]"), HasSubstr("kernel_work[0].work[0]"));
+  EXPECT_THAT(error("[{chip: X, work: [[fedcba9876543210, 0]]}]"), HasSubstr("must be a positive number of seconds"));
 }
 
 // A forward GEMM runs matmul_forward_speedup s times the curve's rate, a backward 2 / (3 - 1/s) times it: with

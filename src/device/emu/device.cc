@@ -34,7 +34,7 @@ class EmuDevice final : public Device {
                            .compute_speed = profile.speed,
                            .mem_bandwidth_gbps = profile.mem_bandwidth_gbps,
                            .emulated = true}),
-        pacer_(profile.speed, profile.mem_bandwidth_gbps, monotonic_seconds, sleep_seconds),
+        pacer_(profile.speed, profile.mem_bandwidth_gbps, monotonic_seconds, sleep_seconds, profile.reference_work),
         kernels_(cpu_kernels_with(profile.numerics)) {
     log_warn("device ", name(), " is an EMULATED '", profile.chip, "' chip running on this host's CPU: speed ",
              profile.speed, "x the host, memory capped at ", format_bytes(profile.mem_capacity_bytes),
@@ -70,6 +70,7 @@ class EmuDevice final : public Device {
     pacer_.flush();
     pacer_.forget_credit();
   }
+  const Pacer& pacer() const { return pacer_; }
 
  private:
   template <typename Fn>
@@ -85,8 +86,12 @@ class EmuDevice final : public Device {
 
 }  // namespace
 
-Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep)
-    : speed_(speed), bandwidth_gbps_(bandwidth_gbps), clock_(std::move(clock)), sleep_(std::move(sleep)) {
+Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep, std::shared_ptr<const KernelWork> reference)
+    : speed_(speed),
+      bandwidth_gbps_(bandwidth_gbps),
+      clock_(std::move(clock)),
+      sleep_(std::move(sleep)),
+      reference_(std::move(reference)) {
   H2_CHECK(speed > 0.0 && speed <= 1.0) << "speed " << speed;
 }
 
@@ -95,7 +100,11 @@ Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep)
 void Pacer::after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds) {
   auto [least, first] = least_work_.try_emplace(shape_key, work_seconds);
   if (!first) least->second = std::min(least->second, work_seconds);
-  const double owed = least->second / speed_ - wall_seconds;
+  double work = least->second;
+  if (reference_) {
+    if (const auto listed = reference_->find(shape_key); listed != reference_->end()) work = listed->second;
+  }
+  const double owed = work / speed_ - wall_seconds;
   debt_seconds_ = std::max(debt_seconds_ + owed, std::min(debt_seconds_, 0.0));
   pay(kMinSleepSeconds);
 }
@@ -157,6 +166,11 @@ EmuProfile find_emu_profile(const std::vector<EmuProfile>& profiles, const std::
 
 std::unique_ptr<Device> make_emu_device(int index, const EmuProfile& profile) {
   return std::make_unique<EmuDevice>(index, profile);
+}
+
+KernelWork emu_least_work(const Device& device) {
+  const auto* emu = dynamic_cast<const EmuDevice*>(&device);
+  return emu ? emu->pacer().least_work() : KernelWork{};
 }
 
 }  // namespace h2

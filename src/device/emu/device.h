@@ -26,9 +26,17 @@
 //    rank) <= cores for faithful ratios; sleeping ranks do not count as busy.
 //  - Sleeps are paid in slices of at least kMinSleepSeconds: single ops shorter than that are timed only on
 //    aggregate, over many ops.
+//
+// A reference of kernel work (EmuProfile::reference_work: what `h2 profile` measured on this host, carried in the
+// profiled cluster file) fixes t for the kernels it lists: a kernel of a listed key counts the listed work, however
+// long it took now, so a run paces those kernels as the profile measured them even when the host has slowed or sped
+// up since (shared hosts drift by up to 9% within an hour: docs/pipeline.md). Kernels it does not list are paced as
+// above.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -40,12 +48,16 @@
 
 namespace h2 {
 
+// Host seconds of work per kernel shape key (Device::launch's key): what a kernel of that key does on this host.
+using KernelWork = std::map<uint64_t, double>;
+
 struct EmuProfile {
-  std::string chip = "emu";              // the chip type this emulates
-  double speed = 1.0;                    // compute speed relative to this host's cpu backend, in (0, 1]
-  size_t mem_capacity_bytes = 0;         // the chip's memory
-  double mem_bandwidth_gbps = 0;         // copy bandwidth; 0 = as fast as the host copies
-  Numerics numerics = Numerics::kExact;  // how its kernels round (ops/cpu/variants.h)
+  std::string chip = "emu";                          // the chip type this emulates
+  double speed = 1.0;                                // compute speed relative to this host's cpu backend, in (0, 1]
+  size_t mem_capacity_bytes = 0;                     // the chip's memory
+  double mem_bandwidth_gbps = 0;                     // copy bandwidth; 0 = as fast as the host copies
+  Numerics numerics = Numerics::kExact;              // how its kernels round (ops/cpu/variants.h)
+  std::shared_ptr<const KernelWork> reference_work;  // the work its listed kernels count (see above); null: none
 };
 
 // Reads `chips:` from a chip-profile file (see examples/emu_chips.yaml); errors name the file, line and field.
@@ -58,10 +70,11 @@ class Pacer {
   static constexpr double kMinSleepSeconds = 200e-6;
   using Clock = std::function<double()>;      // seconds on a monotonic clock
   using Sleep = std::function<void(double)>;  // sleep about this many seconds
-  Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep);
+  Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep,
+        std::shared_ptr<const KernelWork> reference = nullptr);
 
   // A kernel of `shape_key` did `work_seconds` of work on the host (its CPU time) in `wall_seconds`; its work counts
-  // as at most the least a kernel of that key has done.
+  // as the reference's for that key, else as at most the least a kernel of that key has done.
   void after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds);
   // A copy of `bytes` took `host_seconds` on the host.
   void after_copy(size_t bytes, double host_seconds);
@@ -70,6 +83,8 @@ class Pacer {
   // Drops any credit (time slept beyond the debt, which later kernels would otherwise get back).
   void forget_credit() { debt_seconds_ = std::max(debt_seconds_, 0.0); }
   double debt_seconds() const { return debt_seconds_; }
+  // The least work each key's kernels have done here (measured, whatever the reference says).
+  KernelWork least_work() const { return KernelWork(least_work_.begin(), least_work_.end()); }
 
  private:
   void pay(double threshold_seconds);
@@ -79,9 +94,13 @@ class Pacer {
   Clock clock_;
   Sleep sleep_;
   double debt_seconds_ = 0.0;
+  std::shared_ptr<const KernelWork> reference_;
   std::unordered_map<uint64_t, double> least_work_;  // per shape key
 };
 
 std::unique_ptr<Device> make_emu_device(int index, const EmuProfile& profile);
+// The least work each kernel shape has done on `device` so far (Pacer::least_work); empty for a device that is
+// not emulated.
+KernelWork emu_least_work(const Device& device);
 
 }  // namespace h2
