@@ -23,6 +23,7 @@
 #include "pipeline/hetero_train.h"
 #include "planner/catalog.h"
 #include "planner/cost_model.h"
+#include "planner/planner.h"
 #include "train/optimizer.h"
 
 namespace h2 {
@@ -272,12 +273,13 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     if (round > 0) recompute.push_back(selective.recompute_seconds() - before);
   }
   m.recompute_s = median(recompute);
-  // The kernels a stage of this chip type runs at TP > 1, for the kernel work only (untimed, kRounds + 1 times, as
-  // above): a block and the head on each TP rank (the first adds the row-parallel biases; vocabulary shards may be
-  // uneven). Their all-reduces are left out: they launch no kernels.
+  // The kernels a stage of this chip type runs at each TP > 1 the planner may give it, for the kernel work only
+  // (untimed, kRounds + 1 times, as above): a block and the head on each TP rank (the first adds the row-parallel
+  // biases; vocabulary shards may be uneven). Their all-reduces are left out: they launch no kernels.
   const auto nothing = [](const Tensor&) {};
-  for (int tp = 2; tp <= cluster.devices_of(cluster.chip_index(chip)) && tp <= NH; ++tp) {
-    if (NH % tp != 0) continue;
+  const CostModel planning(cluster, shape, TrainSetup{.global_batch = micro_batch, .precision = precision});
+  for (const int tp : tp_options(planning, cluster.chip_index(chip))) {
+    if (tp == 1) continue;
     for (int rank = 0; rank < tp; ++rank) {
       const TensorParallel group{rank, tp, nothing, nothing};
       Gpt tp_block(config, dev, GptRange{false, 0, 1, false}, B, T, group, block.policy());

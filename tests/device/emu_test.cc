@@ -119,8 +119,9 @@ TEST(Pacer, AKernelsWorkIsTheLeastItsShapesHaveDone) {
 
 // A reference of kernel work (h2 profile's) fixes the work of the kernels it lists: key 1 did 10 ms in the profile;
 // on a host slowed since (12 ms of work now, all its wall time) the half-speed chip still takes 20 ms — 8 ms to
-// sleep —, and on one faster since (8 ms) too — 12 ms to sleep. Key 2, not listed, is paced by its own 15 ms: 15 ms.
-// least_work() reports what was measured (8 ms for key 1), not the reference.
+// sleep —, and on one faster since (8 ms) too — 12 ms to sleep. Key 2, not listed, counts its own 15 ms times the
+// drift, 10 / 8: 18.75 ms, 37.5 ms at half speed, 22.5 to sleep. least_work() reports what was measured (8 ms for
+// key 1), not the reference.
 TEST(Pacer, AReferenceFixesTheWorkOfTheKernelsItLists) {
   FakeTime time;
   Pacer pacer = time.make(0.5, 0.0, std::make_shared<const KernelWork>(KernelWork{{1, 0.010}}));
@@ -130,8 +131,34 @@ TEST(Pacer, AReferenceFixesTheWorkOfTheKernelsItLists) {
   ASSERT_EQ(time.sleeps.size(), 3u);
   EXPECT_NEAR(time.sleeps[0], 0.008, 1e-12);
   EXPECT_NEAR(time.sleeps[1], 0.012, 1e-12);
-  EXPECT_NEAR(time.sleeps[2], 0.015, 1e-12);
+  EXPECT_NEAR(time.sleeps[2], 0.0225, 1e-12);
   EXPECT_EQ(pacer.least_work(), (KernelWork{{1, 0.008}, {2, 0.015}}));
+}
+
+// What the reference does not list keeps its proportion to what it lists: key 1, listed at 10 ms, did 20 ms here
+// (the host at half the profile's speed: drift 0.5), so key 2's 30 ms count 15 — 60 ms at quarter speed, 30 ms to
+// sleep. Key 1 at 16 ms later moves the drift to 10 / 16: key 2 then counts 18.75 ms, 75 ms at quarter speed.
+TEST(Pacer, KernelsTheReferenceDoesNotListFollowTheDriftOfThoseItDoes) {
+  FakeTime time;
+  Pacer pacer = time.make(0.25, 0.0, std::make_shared<const KernelWork>(KernelWork{{1, 0.010}}));
+  EXPECT_DOUBLE_EQ(pacer.drift(), 1.0);
+  pacer.after_kernel(1, 0.020, 0.020);
+  EXPECT_DOUBLE_EQ(pacer.drift(), 0.5);
+  pacer.after_kernel(2, 0.030, 0.030);
+  ASSERT_EQ(time.sleeps.size(), 2u);
+  EXPECT_NEAR(time.sleeps[0], 0.020, 1e-12);  // key 1: 40 ms at quarter speed, 20 taken
+  EXPECT_NEAR(time.sleeps[1], 0.030, 1e-12);
+  pacer.after_kernel(1, 0.016, 0.016);  // 40 ms again: 24 to sleep
+  EXPECT_DOUBLE_EQ(pacer.drift(), 0.625);
+  pacer.after_kernel(2, 0.030, 0.030);
+  ASSERT_EQ(time.sleeps.size(), 4u);
+  EXPECT_NEAR(time.sleeps[3], 0.045, 1e-12);
+  // Without a reference there is no drift: key 2 counts its own 30 ms.
+  FakeTime plain_time;
+  Pacer plain = plain_time.make(0.25, 0.0);
+  plain.after_kernel(2, 0.030, 0.030);
+  EXPECT_DOUBLE_EQ(plain.drift(), 1.0);
+  EXPECT_NEAR(plain_time.sleeps[0], 0.090, 1e-12);
 }
 
 // An emulated device reports the least work of the kernels it ran, one entry per shape key; another backend none.

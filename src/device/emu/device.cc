@@ -99,10 +99,15 @@ Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep, std:
 // kernel slowed beyond its chip's time may cancel debt still unpaid but does not put the chip ahead.
 void Pacer::after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds) {
   auto [least, first] = least_work_.try_emplace(shape_key, work_seconds);
+  const double before = first ? 0.0 : least->second;
   if (!first) least->second = std::min(least->second, work_seconds);
-  double work = least->second;
+  double work = least->second * drift();
   if (reference_) {
-    if (const auto listed = reference_->find(shape_key); listed != reference_->end()) work = listed->second;
+    if (const auto listed = reference_->find(shape_key); listed != reference_->end()) {
+      work = listed->second;
+      if (first) listed_reference_ += listed->second;
+      listed_least_ += least->second - before;
+    }
   }
   const double owed = work / speed_ - wall_seconds;
   debt_seconds_ = std::max(debt_seconds_ + owed, std::min(debt_seconds_, 0.0));

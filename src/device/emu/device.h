@@ -30,8 +30,9 @@
 // A reference of kernel work (EmuProfile::reference_work: what `h2 profile` measured on this host, carried in the
 // profiled cluster file) fixes t for the kernels it lists: a kernel of a listed key counts the listed work, however
 // long it took now, so a run paces those kernels as the profile measured them even when the host has slowed or sped
-// up since (shared hosts drift by up to 9% within an hour: docs/pipeline.md). Kernels it does not list are paced as
-// above.
+// up since (shared hosts drift by up to 9% within an hour: docs/pipeline.md). A kernel it does not list counts its
+// least work times the listed kernels' reference work over their least work here (Pacer::drift: the host now, other
+// ranks in its caches included, against the profile), so that it keeps its proportion to the listed ones.
 #pragma once
 
 #include <cstdint>
@@ -74,8 +75,11 @@ class Pacer {
         std::shared_ptr<const KernelWork> reference = nullptr);
 
   // A kernel of `shape_key` did `work_seconds` of work on the host (its CPU time) in `wall_seconds`; its work counts
-  // as the reference's for that key, else as at most the least a kernel of that key has done.
+  // as the reference's for that key, else as the least a kernel of that key has done times drift().
   void after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds);
+  // The listed kernels' reference work over their least work here, each listed key that has run counted once; 1
+  // before any has run, or without a reference.
+  double drift() const { return listed_least_ > 0.0 ? listed_reference_ / listed_least_ : 1.0; }
   // A copy of `bytes` took `host_seconds` on the host.
   void after_copy(size_t bytes, double host_seconds);
   // Pays the whole debt now.
@@ -95,7 +99,8 @@ class Pacer {
   Sleep sleep_;
   double debt_seconds_ = 0.0;
   std::shared_ptr<const KernelWork> reference_;
-  std::unordered_map<uint64_t, double> least_work_;  // per shape key
+  std::unordered_map<uint64_t, double> least_work_;     // per shape key
+  double listed_reference_ = 0.0, listed_least_ = 0.0;  // over the listed keys that have run: drift()'s sums
 };
 
 std::unique_ptr<Device> make_emu_device(int index, const EmuProfile& profile);
