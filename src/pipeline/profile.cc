@@ -68,7 +68,8 @@ std::vector<KernelWork> gather_kernel_work(Communicator& world, const KernelWork
 }  // namespace
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
-                             int micro_batch, Precision precision, double min_seconds, const KernelWork* reference) {
+                             int micro_batch, Precision precision, const MeasureOptions& options) {
+  const KernelWork* reference = options.reference;
   DeviceSpec spec = device_spec_of(cluster, chip, 0);
   if (spec.emu) {
     spec.emu->mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
@@ -190,13 +191,12 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     return monotonic_seconds() - t0;
   };
   constexpr int kTiny = 200;  // kernels per round of the overhead measurement
-  // Rounds of every measurement until kRounds are done and min_seconds have passed (the first round warms up);
-  // the medians are the measurements.
-  constexpr int kRounds = 3;
+  // Rounds of every measurement until options.rounds are done after the first (a warm-up) and min_seconds have
+  // passed; the least of each is the measurement.
   std::vector<double> overhead, attention_s, attention_forward_s, layer, head_s, optim, elementwise_s;
   std::vector<std::vector<double>> gemm_s(gemms.size()), gemm_forward_s(gemms.size());
   const double start = monotonic_seconds();
-  for (int round = 0; round <= kRounds || monotonic_seconds() - start < min_seconds; ++round) {
+  for (int round = 0; round <= options.rounds || monotonic_seconds() - start < options.min_seconds; ++round) {
     const double o = timed([&] {
       for (int i = 0; i < kTiny; ++i) ops::scale(tiny, 1.0f);
     });
@@ -235,17 +235,18 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     optim.push_back(p);
     elementwise_s.push_back(e);
   }
+  const auto least = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
   ChipMeasurement m{.chip = chip, .speed = emulated_speed(cluster, chip)};
-  m.kernel_overhead_s = median(overhead);
+  m.kernel_overhead_s = least(overhead);
   // Times beyond the kernels' fixed costs (a forward and a backward kernel each; the backward runs two GEMMs), the
   // rate and elements' costs that explain them, and the forwards' share beside it: a forward runs s times the
   // pair's rate when the forwards take 1/(3 s) of the pairs' time.
   double all_seconds = 0, forward_seconds = 0;
   for (size_t i = 0; i < gemms.size(); ++i) {
     const Gemm& g = gemms[i];
-    m.gemms.push_back({g.rows, g.k, g.n, std::max(1e-9, median(gemm_s[i]) - 2.0 * m.kernel_overhead_s)});
+    m.gemms.push_back({g.rows, g.k, g.n, std::max(1e-9, least(gemm_s[i]) - 2.0 * m.kernel_overhead_s)});
     all_seconds += m.gemms.back().seconds;
-    forward_seconds += std::max(1e-9, median(gemm_forward_s[i]) - m.kernel_overhead_s);
+    forward_seconds += std::max(1e-9, least(gemm_forward_s[i]) - m.kernel_overhead_s);
   }
   const MatmulFit fit = fit_matmul(m.gemms);
   m.matmul_flops = fit.flops;
@@ -255,44 +256,59 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   double attention_flops = 0;
   for (const Attention& a : attentions) attention_flops += a.flops;
   const double fixed = static_cast<double>(attentions.size()) * m.kernel_overhead_s;
-  m.attention_flops = 2 * attention_flops / std::max(1e-9, median(attention_s) - fixed);
-  m.attention_forward_flops = attention_flops / std::max(1e-9, median(attention_forward_s) - fixed);
+  m.attention_flops = 2 * attention_flops / std::max(1e-9, least(attention_s) - fixed);
+  m.attention_forward_flops = attention_flops / std::max(1e-9, least(attention_forward_s) - fixed);
   const double traffic = CostConstants::of(precision, true).optimizer_traffic_bytes;  // as H2's runtime runs it
-  m.memory_gbps = traffic * static_cast<double>(n) / median(optim) / 1e9;
+  m.memory_gbps = traffic * static_cast<double>(n) / least(optim) / 1e9;
   m.elementwise_gbps =
-      elementwise_bytes / std::max(1e-9, median(elementwise_s) - elementwise_kernels * m.kernel_overhead_s) / 1e9;
-  m.layer_s = median(layer);
-  m.head_s = median(head_s);
-  // Selective recomputation's cost as the model times it inside a selective block's backward (the median of
-  // kRounds, after one to warm up).
+      elementwise_bytes / std::max(1e-9, least(elementwise_s) - elementwise_kernels * m.kernel_overhead_s) / 1e9;
+  m.layer_s = least(layer);
+  m.head_s = least(head_s);
+  // Selective recomputation's cost as the model times it inside a selective block's backward (the least of
+  // options.rounds, after one to warm up).
   std::vector<double> recompute;
-  for (int round = 0; round <= kRounds; ++round) {
+  for (int round = 0; round <= options.rounds; ++round) {
     selective.forward(x);
     const double before = selective.recompute_seconds();
     selective.backward(dout);
     if (round > 0) recompute.push_back(selective.recompute_seconds() - before);
   }
-  m.recompute_s = median(recompute);
-  // The kernels a stage of this chip type runs at each TP > 1 the planner may give it, for the kernel work only
-  // (untimed, kRounds + 1 times, as above): a block and the head on each TP rank (the first adds the row-parallel
-  // biases; vocabulary shards may be uneven). Their all-reduces are left out: they launch no kernels.
+  m.recompute_s = least(recompute);
+  // The kernels a stage of this chip type runs at each TP degree the planner may give it, for their work only
+  // (untimed, options.rounds + 1 times, as above), on each TP rank (the first adds the row-parallel biases;
+  // vocabulary shards may be uneven): the embedding, a block and the head forward and backward (at TP 1 the block's
+  // and the head's ran above), then the optimizer step over each one's tensors as training takes it (2026-12-05: a
+  // TP-2 head stage's optimizer, its kernels not listed, ran 3.3 times its prediction, their least work learnt while
+  // the other ranks' optimizers streamed memory too). Their all-reduces are left out: they launch no kernels. A
+  // reference lists them already (the measurement it came from ran them).
   const auto nothing = [](const Tensor&) {};
+  const auto step = [&](Gpt& model) {
+    const int64_t count = model.num_params();
+    const OptimizerState moments{dev.zeros(DType::kF32, {count}), dev.zeros(DType::kF32, {count})};
+    for (int round = 0; round <= options.rounds; ++round) {
+      optimizer_step(model, moments, AdamwParams{}, acc, {.max_norm = 1e-6});
+      model.refresh_bf16_weights();
+    }
+  };
   const CostModel planning(cluster, shape, TrainSetup{.global_batch = micro_batch, .precision = precision});
-  for (const int tp : tp_options(planning, cluster.chip_index(chip))) {
-    if (tp == 1) continue;
+  for (const int tp : reference ? std::vector<int>{} : tp_options(planning, cluster.chip_index(chip))) {
     for (int rank = 0; rank < tp; ++rank) {
       const TensorParallel group{rank, tp, nothing, nothing};
+      Gpt embedding(config, dev, GptRange{true, 0, 0, false}, B, T, group, block.policy());
       Gpt tp_block(config, dev, GptRange{false, 0, 1, false}, B, T, group, block.policy());
       Gpt tp_head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T, group, head.policy());
-      tp_block.init(1);
-      tp_head.init(1);
-      for (int round = 0; round <= kRounds; ++round) {
+      for (Gpt* part : {&embedding, &tp_block, &tp_head}) part->init(1);
+      for (int round = 0; round <= options.rounds; ++round) {
+        embedding.forward(targets);
+        embedding.backward(dout);
+        if (tp == 1) continue;
         tp_block.forward(x);
         tp_block.backward(dout);
         tp_head.forward(x);
         tp_head.loss(targets);
         tp_head.backward();
       }
+      for (Gpt* part : {&embedding, &tp_block, &tp_head}) step(*part);
     }
   }
   dev.synchronize();
@@ -586,10 +602,13 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   world.barrier();
   const int me = world.rank();
   // The measuring ranks, in order, twice: each tells the next when it is done, the last tells all. The first pass
-  // finds each kernel's least work on this host; the second measures with the chip paced to it, as training will
-  // pace (the profiled cluster's kernel_work), and is the one kept. (Before, each chip type kept the faster of two
-  // passes paced by their own least work: one profile in four put the fast chips' block 35% slower than the others,
-  // and a run the host slowed since its profile ran up to 9% slower than its simulation; docs/pipeline.md.)
+  // finds each kernel's least work on this host (its times are not kept: two rounds, the first to warm up); the
+  // second measures with the chip paced to it, as training will pace (the profiled cluster's kernel_work), and is
+  // the one kept (two timed rounds: paced, its rounds differ only by what the host adds; measured 2026-12-05, the
+  // three timed rounds of the old four within 3.5% of each other but for one attention core at twice its time).
+  // (Before, each chip type kept the faster of two passes paced by their own least work: one profile in four put the
+  // fast chips' block 35% slower than the others, and a run the host slowed since its profile ran up to 9% slower than
+  // its simulation; docs/pipeline.md.)
   const std::vector<int> turns = measuring_turns(chips, /*passes=*/2);
   const auto tell = [&](int to) {
     const char done = 1;
@@ -601,8 +620,9 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   for (size_t t = 0; t < turns.size(); ++t) {
     if (turns[t] != me) continue;
     if (t > 0 && turns[t - 1] != me) wait_for_turn(world, turns[t - 1]);
-    m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, /*min_seconds=*/2.0,
-                     measured ? &m.kernel_work : nullptr);
+    const MeasureOptions learn{.rounds = 1, .min_seconds = 2.0},
+        timed{.rounds = 2, .min_seconds = 1.0, .reference = &m.kernel_work};
+    m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, measured ? timed : learn);
     measured = true;
     if (t + 1 < turns.size() && turns[t + 1] != me) tell(turns[t + 1]);
   }

@@ -89,14 +89,22 @@ struct LinkMeasurement {
   double idle_latency_us = 0;  // a message's, the other ranks idle
 };
 
-// Medians over rounds of the measurements, repeated for at least `min_seconds` and at least 3 rounds. The GEMMs, a
-// block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/gpt.h). With
-// `reference`, an emulated chip paces the kernels it lists to that work (device/emu/device.h): the figures are then
-// those of the kernels as training paces them after this profile, and kernel_work is the reference, with the least
-// work of each kernel it does not list.
+// How measure_chip measures: `rounds` timed rounds after one that warms up, more while `min_seconds` have not
+// passed; each figure is the least of its rounds (what the host adds - a late wake-up, another process - only
+// lengthens a round). With `reference`, an emulated chip paces the kernels it lists to that work (device/emu/
+// device.h): the figures are then those of the kernels as training paces them after this profile, and kernel_work
+// is the reference, with the least work of each kernel it does not list.
+struct MeasureOptions {
+  int rounds = 3;
+  double min_seconds = 0;
+  const KernelWork* reference = nullptr;
+};
+// The GEMMs, a block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/
+// gpt.h). Without a reference, also the kernels the embedding, a block and the head run on each TP rank at every TP
+// degree the planner may give the chip, forward, backward and the optimizer step (their work only, untimed): a
+// reference a measurement made lists them already.
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
-                             int micro_batch, Precision precision, double min_seconds = 0,
-                             const KernelWork* reference = nullptr);
+                             int micro_batch, Precision precision, const MeasureOptions& options = {});
 // A collective over `world`, each rank on a device of its `chip`; every rank gets the result. The latency under load
 // times a GEMM of the shape's TP-2 block size (micro-batch rows) with and without an all-reduce after it.
 LinkMeasurement measure_link(Communicator& world, const Cluster& cluster, const std::string& chip,

@@ -7,6 +7,7 @@
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "pipeline/hetero_train.h"
+#include "train/optimizer.h"
 
 namespace h2 {
 namespace {
@@ -65,9 +66,9 @@ TEST(ProfileTurns, TheFirstRankOfEachChipTypeOncePerPass) {
 }
 
 // h2 profile lists the work of the kernels a stage runs at every tensor-parallel degree its chip type's devices
-// allow, so that a run paces them as profiled: every kernel a TP-2 block and head run, on either TP rank (the
-// first adds the row-parallel biases; 101 tokens make uneven vocabulary shards), is in the measurement's
-// kernel_work, with positive work.
+// allow, so that a run paces them as profiled: every kernel the embedding, a block and the head run at TP 1 and 2,
+// on either TP rank (the first adds the row-parallel biases; 101 tokens make uneven vocabulary shards), forward,
+// backward and the optimizer step over their tensors, is in the measurement's kernel_work, with positive work.
 TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStage) {
   const Cluster cluster = load_cluster(ConfigNode::parse_string(
       "name: pair\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
@@ -81,15 +82,25 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStage) {
   const Tensor x = dev.zeros(DType::kF32, {1, 8, 32}), dout = dev.zeros(DType::kF32, {1, 8, 32});
   const Tensor targets = dev.zeros(DType::kI32, {1, 8});
   const auto nothing = [](const Tensor&) {};
-  for (int rank = 0; rank < 2; ++rank) {
-    const TensorParallel tp{rank, 2, nothing, nothing};
+  const Tensor acc = dev.zeros(DType::kF32, {1});
+  for (const auto& [rank, size] : {std::pair{0, 1}, {0, 2}, {1, 2}}) {
+    const TensorParallel tp{rank, size, nothing, nothing};
+    Gpt embedding(config, dev, GptRange{true, 0, 0, false}, 1, 8, tp);
     Gpt block(config, dev, GptRange{false, 0, 1, false}, 1, 8, tp);
     Gpt head(config, dev, GptRange{false, 1, 1, true}, 1, 8, tp);
+    for (Gpt* part : {&embedding, &block, &head}) part->init(1);
+    embedding.forward(targets);
+    embedding.backward(dout);
     block.forward(x);
     block.backward(dout);
     head.forward(x);
     head.loss(targets);
     head.backward();
+    for (Gpt* part : {&embedding, &block, &head}) {
+      const int64_t n = part->num_params();
+      const OptimizerState moments{dev.zeros(DType::kF32, {n}), dev.zeros(DType::kF32, {n})};
+      optimizer_step(*part, moments, AdamwParams{}, acc, {.max_norm = 1e-6});
+    }
   }
   ASSERT_FALSE(dev.keys.empty());
   for (const uint64_t key : dev.keys) {
