@@ -161,6 +161,24 @@ TEST(Pacer, KernelsTheReferenceDoesNotListFollowTheDriftOfThoseItDoes) {
   EXPECT_NEAR(plain_time.sleeps[0], 0.090, 1e-12);
 }
 
+// A listed kernel that every rank runs at once (the optimizer step's) counts its reference work but leaves the drift
+// alone: its least work beside the other ranks' streams says nothing of the host's speed. Key 3 listed at 20 ms,
+// run together in 40 ms: 80 ms at quarter speed, 40 to sleep, drift still 1; key 1 (10 ms listed, 20 done) then sets
+// it to 0.5, and the unlisted key 2's 30 ms counts 15: 60 ms, 30 to sleep.
+TEST(Pacer, KernelsRunTogetherDoNotMoveTheDrift) {
+  FakeTime time;
+  Pacer pacer = time.make(0.25, 0.0, std::make_shared<const KernelWork>(KernelWork{{1, 0.010}, {3, 0.020}}));
+  pacer.after_kernel(3, 0.040, 0.040, /*together=*/true);
+  EXPECT_DOUBLE_EQ(pacer.drift(), 1.0);
+  pacer.after_kernel(1, 0.020, 0.020);
+  EXPECT_DOUBLE_EQ(pacer.drift(), 0.5);
+  pacer.after_kernel(2, 0.030, 0.030);
+  ASSERT_EQ(time.sleeps.size(), 3u);
+  EXPECT_NEAR(time.sleeps[0], 0.040, 1e-12);
+  EXPECT_NEAR(time.sleeps[1], 0.020, 1e-12);
+  EXPECT_NEAR(time.sleeps[2], 0.030, 1e-12);
+}
+
 // An emulated device reports the least work of the kernels it ran, one entry per shape key; another backend none.
 TEST(EmuDevice, ReportsTheLeastWorkOfItsKernels) {
   EmuProfile profile;
