@@ -108,8 +108,9 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   // the model keeps their inputs in (bf16: q/k/v, the probabilities and the output too; gpt.h). The GEMMs also at
   // 4 times the micro-batch's rows: a plan may give a replica more rows than one micro-batch (pipelines folded onto
   // fewer replicas, larger micro-batches), and a GEMM's rate rises with its rows (on this CPU the head's by a quarter
-  // from 1 to 4 sequences) — the elements' costs fit_matmul finds from them (measured: a slow-chip plan with 8 rows
-  // per replica ran 0.83 of its prediction from one-row figures alone; docs/pipeline.md).
+  // from 1 to 4 sequences) — the elements' costs fit_matmul finds from them, and each shape's time over the fit's,
+  // which the cost model interpolates (ChipType::matmul_corrections; measured: a slow-chip plan with 8 rows per
+  // replica ran 0.83 of its prediction from one-row figures alone; docs/pipeline.md).
   struct Gemm {
     Tensor in, w, out, din, dw;
     double rows, k, n;
@@ -181,6 +182,10 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   const int64_t n = head.num_params();
   const OptimizerState state{dev.zeros(DType::kF32, {n}), dev.zeros(DType::kF32, {n})};
   Tensor acc = dev.zeros(DType::kF32, {1});
+  const auto optimize = [&](Gpt& model, const OptimizerState& moments) {
+    optimizer_step(model, moments, AdamwParams{}, acc, {.max_norm = 1e-6});
+    model.refresh_bf16_weights();
+  };
   // Each interval on its own (Device::start_interval): an emulated chip would otherwise give the next measurement
   // back what its last sleep overran, which made small kernels look up to twice as fast after large ones.
   const auto timed = [&](const std::function<void()>& fn) {
@@ -220,10 +225,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       head.loss(targets);
       head.backward();
     });
-    const double p = timed([&] {
-      optimizer_step(head, state, AdamwParams{}, acc, {.max_norm = 1e-6});
-      head.refresh_bf16_weights();
-    });
+    const double p = timed([&] { optimize(head, state); });
     const double e = timed(elementwise);
     if (round == 0) continue;
     overhead.push_back(o / kTiny);
@@ -285,10 +287,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   const auto step = [&](Gpt& model) {
     const int64_t count = model.num_params();
     const OptimizerState moments{dev.zeros(DType::kF32, {count}), dev.zeros(DType::kF32, {count})};
-    for (int round = 0; round <= options.rounds; ++round) {
-      optimizer_step(model, moments, AdamwParams{}, acc, {.max_norm = 1e-6});
-      model.refresh_bf16_weights();
-    }
+    for (int round = 0; round <= options.rounds; ++round) optimize(model, moments);
   };
   const CostModel planning(cluster, shape, TrainSetup{.global_batch = micro_batch, .precision = precision});
   for (const int tp : reference ? std::vector<int>{} : tp_options(planning, cluster.chip_index(chip))) {
@@ -512,6 +511,11 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     t.efficiency = 1.0;
     for (size_t i = 0; i < 3; ++i) t.matmul_element_ns[i] = m.matmul_element_s[i] * 1e9;
     t.matmul_forward_speedup = m.matmul_forward_speedup;
+    t.matmul_corrections.clear();
+    for (const GemmTiming& g : m.gemms) {
+      const double fit = 6 * g.rows * g.k * g.n / t.matmul_flops(false) + 3 * t.gemm_element_s(g.rows, g.k, g.n);
+      t.matmul_corrections.push_back({g.rows, g.k, g.n, g.seconds / fit});
+    }
     t.attention_efficiency = std::min(1.0, m.attention_flops / (t.peak_tflops * 1e12));
     t.attention_forward_efficiency = std::min(1.0, m.attention_forward_flops / (t.peak_tflops * 1e12));
     t.memory_bandwidth_gbps = m.memory_gbps;

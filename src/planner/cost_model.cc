@@ -40,8 +40,9 @@ const CostModel::PieceTimes& CostModel::piece_times(int chip, int tp, int b) con
 
 // A roofline per kernel (Williams et al. 2009) plus its fixed cost: the larger of its compute time at the chip's
 // achievable rate for its class and its memory traffic at the achievable bandwidth, plus the launch overhead. A
-// GEMM's compute time holds its elements' costs (the ramp, ChipType::matmul_element_ns); its forward and its
-// backward take their shares of the pair's time (matmul_forward_speedup).
+// GEMM's compute time holds its elements' costs (the ramp, ChipType::matmul_element_ns) and the profile's correction
+// for its shape (matmul_corrections); its forward and its backward take their shares of the pair's time
+// (matmul_forward_speedup).
 double CostModel::op_s(int chip, const OpWork& op) const {
   const ChipType& c = cluster_.chips[static_cast<size_t>(chip)];
   const bool bf16 = train_.precision == Precision::kBf16;
@@ -53,6 +54,7 @@ double CostModel::op_s(int chip, const OpWork& op) const {
   double compute = rate > 0 ? op.flops / rate : 0;
   if (gemm) {
     compute += op.gemms * c.gemm_element_s(op.rows, op.k, op.n);
+    compute *= c.gemm_correction(op.rows, op.k, op.n);
     compute /= op.kind == OpClass::kMatmul ? c.matmul_forward_factor() : c.matmul_backward_factor();
   }
   const double bandwidth = op.kind == OpClass::kMemory ? c.elementwise_bytes_per_second() : c.bytes_per_second();

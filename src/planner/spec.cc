@@ -109,6 +109,18 @@ Cluster Cluster::without_device(int chip) const {
                                         chips[static_cast<size_t>(chip)].name, "' to take out"));
 }
 
+double ChipType::gemm_correction(double rows, double k, double n) const {
+  const GemmCorrection* below = nullptr;  // the nearest timed rows at or under `rows`, and over it
+  const GemmCorrection* above = nullptr;
+  for (const GemmCorrection& c : matmul_corrections) {
+    if (std::abs(c.k - k) >= 1 || std::abs(c.n - n) >= 1) continue;  // the cost model's V / tp is not whole
+    if (c.rows <= rows && (!below || c.rows > below->rows)) below = &c;
+    if (c.rows > rows && (!above || c.rows < above->rows)) above = &c;
+  }
+  if (!below || !above) return below ? below->ratio : above ? above->ratio : 1.0;
+  return below->ratio + (above->ratio - below->ratio) * (rows - below->rows) / (above->rows - below->rows);
+}
+
 // Written with yaml-cpp's emitter, which quotes what needs quoting (a vendor named "Acme, Inc."), in the flow
 // style of the shipped examples: one line per chip, group and link.
 const char* figures_name(Figures f) {
@@ -141,6 +153,12 @@ std::string cluster_to_yaml(const Cluster& c) {
     }
     if (t.matmul_forward_speedup != 1) {
       y << YAML::Key << "matmul_forward_speedup" << YAML::Value << t.matmul_forward_speedup;
+    }
+    if (!t.matmul_corrections.empty()) {
+      y << YAML::Key << "matmul_corrections" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (const ChipType::GemmCorrection& g : t.matmul_corrections)
+        y << YAML::Flow << YAML::BeginSeq << g.rows << g.k << g.n << g.ratio << YAML::EndSeq;
+      y << YAML::EndSeq;
     }
     if (t.attention_efficiency > 0) y << YAML::Key << "attention_efficiency" << YAML::Value << t.attention_efficiency;
     if (t.attention_forward_efficiency > 0) {
@@ -234,6 +252,19 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
         v[i].fail(cat("must be a finite number >= 0, got ", t.matmul_element_ns[i]));
     }
   }
+  if (auto list = n.find("matmul_corrections")) {
+    t.matmul_corrections.clear();
+    for (const ConfigNode& e : list->items()) {
+      const std::vector<ConfigNode> v = e.items();
+      if (v.size() != 4) e.fail("is [rows, k, n, ratio]: a GEMM shape h2 profile timed, and its time over the fit's");
+      std::array<double, 4> x{};
+      for (size_t i = 0; i < 4; ++i) {
+        x[i] = v[i].as_double();
+        if (!(x[i] > 0) || !std::isfinite(x[i])) v[i].fail(cat("must be a finite number > 0, got ", x[i]));
+      }
+      t.matmul_corrections.push_back({x[0], x[1], x[2], x[3]});
+    }
+  }
   number("memory_gib", t.memory_gib, !base);
   number("memory_bandwidth_gbps", t.memory_bandwidth_gbps, !base);
   fraction("memory_efficiency", t.memory_efficiency);
@@ -271,10 +302,26 @@ Cluster load_cluster(const ConfigNode& root) {
     catalog = load_catalog(ConfigNode::load_file(path_beside(root.file(), f->as_string())));
   std::vector<const CatalogChip*> from_catalog;  // per chip type: its catalog entry, or null
   for (const ConfigNode& n : root.at("chips").items()) {
-    n.allow_only({"catalog", "name", "vendor", "peak_tflops", "peak_tflops_f32", "efficiency", "matmul_curve",
-                  "matmul_element_ns", "matmul_forward_speedup", "attention_efficiency", "attention_forward_efficiency",
-                  "memory_gib", "memory_bandwidth_gbps", "memory_efficiency", "elementwise_gbps", "kernel_overhead_us",
-                  "host_link_gbps", "backend", "emulation_tflops"});
+    n.allow_only({"catalog",
+                  "name",
+                  "vendor",
+                  "peak_tflops",
+                  "peak_tflops_f32",
+                  "efficiency",
+                  "matmul_curve",
+                  "matmul_element_ns",
+                  "matmul_forward_speedup",
+                  "matmul_corrections",
+                  "attention_efficiency",
+                  "attention_forward_efficiency",
+                  "memory_gib",
+                  "memory_bandwidth_gbps",
+                  "memory_efficiency",
+                  "elementwise_gbps",
+                  "kernel_overhead_us",
+                  "host_link_gbps",
+                  "backend",
+                  "emulation_tflops"});
     const CatalogChip* entry = nullptr;
     if (auto name = n.find("catalog")) {
       if (!catalog) name->fail("names a catalog chip, but the file names no catalog; add catalog: chips.yaml");

@@ -35,6 +35,15 @@ struct ChipType {
   // backward together take what the rate says (a CPU's bf16 forward kernel gains more over f32 than its backward;
   // `h2 profile` measures it). 1 = alike; in (1/3, 3].
   double matmul_forward_speedup = 1;
+  // A CPU GEMM's time is not linear in its rows (on this host the head's TP-2 GEMM ran 1.07–1.35x the rate and
+  // elements' costs above at 2,048 rows when they were fitted at 256 and 1,024: docs/pipeline.md). `h2 profile`
+  // keeps, for each GEMM shape it timed, its measured time (forward and backward) over what those figures give it;
+  // a GEMM of a timed (k, n) takes the figures' time times its corrections interpolated linearly in rows (held
+  // beyond the rows timed). Empty (datasheet chips): the figures alone. In the file: [rows, k, n, ratio] each.
+  struct GemmCorrection {
+    double rows = 0, k = 0, n = 0, ratio = 1;
+  };
+  std::vector<GemmCorrection> matmul_corrections;
   double attention_efficiency = 0;  // the attention core's achievable fraction of peak; 0 = efficiency / 2
   // Its forward alone, when it differs (a CPU's softmax exponentials make the forward slower per FLOP than the
   // backward); 0 = attention_efficiency.
@@ -72,6 +81,8 @@ struct ChipType {
   double gemm_element_s(double rows, double k, double n) const {
     return 1e-9 * (matmul_element_ns[0] * rows * k + matmul_element_ns[1] * k * n + matmul_element_ns[2] * rows * n);
   }
+  // The factor on a GEMM of rows x k -> n from matmul_corrections; 1 for a shape they do not hold.
+  double gemm_correction(double rows, double k, double n) const;
   // The factors on it for a forward and a backward GEMM: the backward's keeps 1/3 forward + 2/3 backward at 1.
   double matmul_forward_factor() const { return matmul_forward_speedup; }
   double matmul_backward_factor() const { return 2.0 / (3.0 - 1.0 / matmul_forward_speedup); }

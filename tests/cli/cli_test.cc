@@ -535,8 +535,10 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   EXPECT_THAT(r.output, HasSubstr("a message while every rank computes"));
   EXPECT_GT(measured.links.front().latency_us, 0.0);
   // The GEMMs' elements' costs are fitted to the model's five GEMMs (c_attn, attn.c_proj, c_fc, mlp.c_proj, the
-  // head's) at TP 1 and 2, at the micro-batch's rows and 4 times them: 20 per chip type.
+  // head's) at TP 1 and 2, at the micro-batch's rows and 4 times them: 20 per chip type, each kept with its time
+  // over the fit's.
   EXPECT_THAT(r.output, HasSubstr("per element of input, weight, output (fitted to 20 GEMMs within"));
+  EXPECT_EQ(fast.matmul_corrections.size(), 20u);
   for (double ns : fast.matmul_element_ns) EXPECT_GE(ns, 0.0);
   EXPECT_GT(fast.elementwise_gbps, 0.0);
   EXPECT_FALSE(std::filesystem::exists(out + ".ranks.json"));

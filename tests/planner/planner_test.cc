@@ -231,6 +231,40 @@ TEST(CostModel, AGemmPaysForItsElements) {
               HasSubstr("field 'chips[0].matmul_curve': GEMM efficiency by size was replaced by matmul_element_ns"));
 }
 
+// A profiled chip's GEMM of a timed shape takes its figures' time times the correction its profile kept, interpolated
+// linearly in rows between the rows timed and held beyond them; other shapes the figures alone. X's forward of 100
+// rows x 10 -> 20 takes 0.8 ns + 7,400 ns (above); with corrections 1.2 at 100 rows and 1.6 at 300, at 200 rows
+// 1.4 (its FLOPs and its input's and output's elements twice, its weight's alike), at 400 rows 1.6, at 50 rows 1.2.
+TEST(CostModel, AProfiledGemmTakesItsShapesCorrection) {
+  Cluster c = cluster_of(kSmallCluster);
+  c.chips[0].matmul_element_ns = {1, 2, 3};
+  c.chips[0].matmul_corrections = {{300, 10, 20, 1.6}, {100, 10, 20, 1.2}, {100, 10, 40, 9}};
+  const CostModel costs(c, small_model(4), TrainSetup{.global_batch = 8});
+  const auto forward = [&](double rows, double n) {
+    return costs.op_s(0, OpWork{"f", OpClass::kMatmul, 2 * rows * 10 * n, 0, 1, rows, 10, n}) - 5e-6;
+  };
+  EXPECT_NEAR(forward(100, 20), 1.2 * (0.8e-9 + 7'400e-9), 1e-15);
+  EXPECT_NEAR(forward(200, 20), 1.4 * (1.6e-9 + 2'000e-9 + 400e-9 + 12'000e-9), 1e-15);
+  EXPECT_NEAR(forward(400, 20), 1.6 * (3.2e-9 + 4'000e-9 + 400e-9 + 24'000e-9), 1e-15);
+  EXPECT_NEAR(forward(50, 20), 1.2 * (0.4e-9 + 500e-9 + 400e-9 + 3'000e-9), 1e-15);
+  EXPECT_NEAR(forward(100, 30), 1.2e-9 + 1'000e-9 + 600e-9 + 9'000e-9, 1e-15);  // a shape not timed
+  // The cost model's V / tp need not be whole: a shape within one column of a timed one is that shape.
+  EXPECT_NEAR(forward(100, 20.5), 1.2 * (0.82e-9 + 1'000e-9 + 410e-9 + 6'150e-9), 1e-15);
+  // Written and read back; a ratio at or below zero, or an entry short of four numbers, is refused naming the field.
+  const Cluster back = load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "written.yaml"));
+  ASSERT_EQ(back.chips[0].matmul_corrections.size(), 3u);
+  EXPECT_EQ(back.chips[0].matmul_corrections[0].rows, 300);
+  EXPECT_EQ(back.chips[0].matmul_corrections[0].ratio, 1.6);
+  EXPECT_TRUE(back.chips[1].matmul_corrections.empty());
+  const std::string chip = "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1, ";
+  EXPECT_THAT(
+      error_of([&] { cluster_of(chip + "matmul_corrections: [[100, 10, 20, 0]]}\ngroups: []\n"); }, ErrorCode::kConfig),
+      HasSubstr("must be a finite number > 0, got 0"));
+  EXPECT_THAT(
+      error_of([&] { cluster_of(chip + "matmul_corrections: [[100, 10, 20]]}\ngroups: []\n"); }, ErrorCode::kConfig),
+      HasSubstr("field 'chips[0].matmul_corrections[0]': is [rows, k, n, ratio]"));
+}
+
 // Element-wise and row-wise kernels run at elementwise_gbps where a profile measured it (a CPU's caches), else at
 // the memory's achievable bandwidth (X: 1,000 GB/s x 0.8); the optimizer always streams at the latter.
 TEST(CostModel, ElementwiseKernelsTakeTheirOwnBandwidth) {
