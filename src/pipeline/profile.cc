@@ -513,8 +513,7 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     t.matmul_forward_speedup = m.matmul_forward_speedup;
     t.matmul_corrections.clear();
     for (const GemmTiming& g : m.gemms) {
-      const double fit = 6 * g.rows * g.k * g.n / t.matmul_flops(false) + 3 * t.gemm_element_s(g.rows, g.k, g.n);
-      t.matmul_corrections.push_back({g.rows, g.k, g.n, g.seconds / fit});
+      t.matmul_corrections.push_back({g.rows, g.k, g.n, g.seconds / t.gemm_pair_s(g.rows, g.k, g.n, false)});
     }
     t.attention_efficiency = std::min(1.0, m.attention_flops / (t.peak_tflops * 1e12));
     t.attention_forward_efficiency = std::min(1.0, m.attention_forward_flops / (t.peak_tflops * 1e12));

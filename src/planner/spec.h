@@ -81,6 +81,11 @@ struct ChipType {
   double gemm_element_s(double rows, double k, double n) const {
     return 1e-9 * (matmul_element_ns[0] * rows * k + matmul_element_ns[1] * k * n + matmul_element_ns[2] * rows * n);
   }
+  // A GEMM of rows x k -> n, forward and backward (three passes of 2 rows k n FLOPs), at the GEMM rate and with its
+  // elements' costs, before matmul_corrections: what the cost model's forward and backward of it sum to.
+  double gemm_pair_s(double rows, double k, double n, bool bf16) const {
+    return 6 * rows * k * n / matmul_flops(bf16) + 3 * gemm_element_s(rows, k, n);
+  }
   // The factor on a GEMM of rows x k -> n from matmul_corrections; 1 for a shape they do not hold.
   double gemm_correction(double rows, double k, double n) const;
   // The factors on it for a forward and a backward GEMM: the backward's keeps 1/3 forward + 2/3 backward at 1.
