@@ -76,6 +76,20 @@ class Device {
   // Runs one kernel on this device's queue. `op_name` is for tracing and error messages; calls with the same
   // `shape_key` (the op, its arguments' shapes and dtypes) do the same work, which an emulated chip paces alike.
   virtual void launch(const char* op_name, uint64_t shape_key, const std::function<void()>& kernel);
+  // Kernels that every rank of a job launches at the same moment — the optimizer step and the bf16 weight refresh
+  // after it, which each rank starts once the gradient norm's all-reduce returns — run while an AllRanksAtOnce of
+  // their device is alive, so that a backend sharing one host among ranks (emu) can tell them from the rest.
+  class AllRanksAtOnce {
+   public:
+    explicit AllRanksAtOnce(Device& device) : device_(device) { ++device_.all_ranks_at_once_; }
+    ~AllRanksAtOnce() { --device_.all_ranks_at_once_; }
+    AllRanksAtOnce(const AllRanksAtOnce&) = delete;
+    AllRanksAtOnce& operator=(const AllRanksAtOnce&) = delete;
+
+   private:
+    Device& device_;
+  };
+  bool all_ranks_at_once() const { return all_ranks_at_once_ > 0; }
 
  protected:
   // Backends whose memory is not host memory override these two.
@@ -89,6 +103,7 @@ class Device {
   mutable std::mutex mem_mutex_;
   size_t mem_used_bytes_ = 0;
   size_t mem_peak_bytes_ = 0;
+  int all_ranks_at_once_ = 0;  // AllRanksAtOnce scopes alive
 };
 
 // Copies between tensors of the same dtype and element count, on the same or different devices.

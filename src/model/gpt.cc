@@ -360,6 +360,7 @@ void Gpt::block_forward(int b, const Tensor& x) {
 
 void Gpt::refresh_bf16_weights() {
   if (!bf16() || low_current_) return;
+  const Device::AllRanksAtOnce together(*device_);
   ops::convert(flat_low_, flat_params_);
   low_current_ = true;
 }

@@ -33,6 +33,7 @@ double local_norm_squared(Gpt& model, const Tensor& acc, const OptimizerStepOpti
   const Tensor& grads = model.flat_grads();
   const float zero = 0.0f;
   copy_from_host(acc, &zero);
+  const Device::AllRanksAtOnce together(acc.device());
   for_each_part(model, o, [&](const Gpt::Param& p, int64_t a, int64_t b) {
     if (!o.counted || o.counted(p)) ops::global_norm_squared(acc, grads.slice(a, b));
   });
@@ -51,6 +52,7 @@ void clip_and_update(Gpt& model, const OptimizerState& state, const AdamwParams&
   const Tensor& grads = model.flat_grads();
   const int64_t lo = o.lo, hi = end_of(model, o);
   H2_CHECK(state.m.numel() >= hi - lo) << "moments hold " << state.m.numel() << " of " << hi - lo;
+  const Device::AllRanksAtOnce together(params.device());
   if (o.max_norm > 0 && norm > o.max_norm && hi > lo) {
     ops::scale(grads.slice(lo, hi), static_cast<float>(o.max_norm / norm));
   }

@@ -177,6 +177,9 @@ TEST(Pacer, KernelsRunTogetherDoNotMoveTheDrift) {
   EXPECT_NEAR(time.sleeps[0], 0.040, 1e-12);
   EXPECT_NEAR(time.sleeps[1], 0.020, 1e-12);
   EXPECT_NEAR(time.sleeps[2], 0.030, 1e-12);
+  // Key 3 run apart from the others (10 ms, its least now) counts from then on: (10 + 20) / (20 + 10).
+  pacer.after_kernel(3, 0.010, 0.010);
+  EXPECT_DOUBLE_EQ(pacer.drift(), 1.0);
 }
 
 // An emulated device reports the least work of the kernels it ran, one entry per shape key; another backend none.
@@ -194,6 +197,33 @@ TEST(EmuDevice, ReportsTheLeastWorkOfItsKernels) {
   EXPECT_GT(work.begin()->second, 0.0);
   auto cpu = create_device(DeviceSpec{.backend = "cpu"});
   EXPECT_TRUE(emu_least_work(*cpu).empty());
+}
+
+// A kernel launched all ranks at once (Device::AllRanksAtOnce: the optimizer step's) leaves the device's drift
+// alone; launched otherwise, a kernel its reference lists at a nanosecond moves it to a nanosecond over its least
+// work here (far below 1). Without a reference the drift stays 1; a device that is not emulated has none.
+TEST(EmuDevice, KernelsLaunchedAllRanksAtOnceLeaveTheDriftAlone) {
+  EmuProfile profile;
+  profile.mem_capacity_bytes = size_t{64} << 20;
+  const auto run = [](Device& dev) {
+    const Tensor a = dev.zeros(DType::kF32, {64, 64}), b = dev.zeros(DType::kF32, {64, 64});
+    ops::matmul_forward(dev.empty(DType::kF32, {64, 64}), a, b, Tensor());
+  };
+  auto unlisted = make_emu_device(0, profile);
+  run(*unlisted);
+  EXPECT_EQ(emu_drift(*unlisted), 1.0);
+  const KernelWork work = emu_least_work(*unlisted);
+  ASSERT_EQ(work.size(), 1u);
+  profile.reference_work = std::make_shared<const KernelWork>(KernelWork{{work.begin()->first, 1e-9}});
+  auto listed = make_emu_device(1, profile);
+  {
+    const Device::AllRanksAtOnce together(*listed);
+    run(*listed);
+  }
+  EXPECT_EQ(emu_drift(*listed), 1.0);
+  run(*listed);
+  EXPECT_LT(emu_drift(*listed), 1e-3);
+  EXPECT_EQ(emu_drift(*create_device(DeviceSpec{.backend = "cpu"})), 1.0);
 }
 
 // What the pacing's least work is kept by: the same op on the same shapes has one key; another shape, another op or

@@ -1,9 +1,11 @@
-// A device for tests: this host's cpu kernels, recording the shape key of every kernel launched on it (what an
-// emulated chip paces by: device/emu/device.h).
+// A device for tests: this host's cpu kernels, recording the op, the shape key (what an emulated chip paces by:
+// device/emu/device.h) and whether all ranks launch it at once (Device::AllRanksAtOnce) of every kernel launched on
+// it.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "device/device.h"
@@ -16,11 +18,15 @@ class KeyRecorder final : public Device {
   explicit KeyRecorder(size_t capacity_bytes = size_t{1} << 20)
       : Device(DeviceProps{.name = "keys:0", .backend = "cpu", .mem_capacity_bytes = capacity_bytes}) {}
   const Kernels& kernels() const override { return cpu_kernels(); }
-  void launch(const char*, uint64_t shape_key, const std::function<void()>& kernel) override {
+  void launch(const char* op_name, uint64_t shape_key, const std::function<void()>& kernel) override {
     keys.push_back(shape_key);
+    ops.emplace_back(op_name);
+    all_ranks_at_once_flags.push_back(all_ranks_at_once());
     kernel();
   }
   std::vector<uint64_t> keys;
+  std::vector<std::string> ops;
+  std::vector<bool> all_ranks_at_once_flags;
 };
 
 }  // namespace h2

@@ -8,10 +8,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "core/file.h"
 #include "core/safetensors.h"
+#include "device/key_recorder.h"
 #include "model/test_data.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
@@ -99,6 +101,39 @@ TEST(Optimizer, TwoAdamwStepsMatchHandWorkedValues) {
   EXPECT_NEAR(optimizer_step(model, state, adamw_params(c, 2), acc, {.max_norm = 1.0}), 5.0, 1e-6);
   EXPECT_NEAR(param("ln_f.bias").grad.data_as<float>()[0], 0.6f, 1e-6);
   EXPECT_NEAR(param("ln_f.bias").grad.data_as<float>()[1], 0.8f, 1e-6);
+}
+
+// The kernels every rank launches at once — the gradient norm, clipping, AdamW and the bf16 refresh after them —
+// are launched so (an emulated chip does not let them move its drift: device/emu/device.h); a forward, a backward
+// and the loss are not, though in bf16 they convert too (the activations they keep), so an op's name cannot tell.
+// A bf16 model refreshed after its init, one micro-batch, then a step and the refresh after it.
+TEST(Optimizer, LaunchesItsKernelsAllRanksAtOnce) {
+  const GptConfig config{.n_layer = 1, .n_head = 2, .n_embd = 16, .vocab_size = kVocab, .seq_len = 8};
+  KeyRecorder dev(size_t{64} << 20);
+  Gpt model(config, dev, GptRange::whole(config), 1, 8, {}, ActivationPolicy{.precision = Precision::kBf16});
+  model.init(1);
+  model.refresh_bf16_weights();
+  const size_t first = dev.ops.size();
+  const Tensor tokens = dev.zeros(DType::kI32, {1, 8});
+  model.forward(tokens);
+  model.loss(tokens);
+  model.backward();
+  const size_t step = dev.ops.size();
+  const Tensor acc = dev.zeros(DType::kF32, {1});
+  const OptimizerState moments{dev.zeros(DType::kF32, {model.num_params()}),
+                               dev.zeros(DType::kF32, {model.num_params()})};
+  optimizer_step(model, moments, AdamwParams{}, acc, {.max_norm = 1e-6});
+  model.refresh_bf16_weights();
+  std::set<std::string> before, training, after;
+  for (size_t i = 0; i < dev.ops.size(); ++i) {
+    const bool at_once = i < first || i >= step;
+    EXPECT_EQ(dev.all_ranks_at_once_flags[i], at_once) << dev.ops[i] << " (launch " << i << ")";
+    (i < first ? before : i < step ? training : after).insert(dev.ops[i]);
+  }
+  EXPECT_EQ(before, (std::set<std::string>{"convert"}));
+  EXPECT_TRUE(training.contains("convert"));
+  EXPECT_EQ(after, (std::set<std::string>{"global_norm_squared", "scale", "adamw_update", "convert"}));
+  EXPECT_FALSE(dev.all_ranks_at_once());
 }
 
 // One check serves single-device and cluster resumes: every field of the model, the sequence length too.

@@ -5,14 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <ctime>
 #include <thread>
 
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "ops/kernels.h"
 
 namespace h2 {
 namespace {
@@ -48,16 +46,13 @@ class EmuDevice final : public Device {
 
   // A kernel that runs on this thread alone is timed by the thread's CPU time, so time slices given to other
   // ranks sharing its core do not count as the emulated chip's work; a multi-threaded kernel by the wall clock.
-  // The optimizer step's kernels run on every rank at once (Pacer::after_kernel's `together`).
-  void launch(const char* op, uint64_t shape_key, const std::function<void()>& kernel) override {
+  // Kernels launched all ranks at once (the optimizer step's) are Pacer::after_kernel's `together`.
+  void launch(const char* /*op_name*/, uint64_t shape_key, const std::function<void()>& kernel) override {
     const bool one_thread = omp_get_max_threads() == 1;
     const double w0 = monotonic_seconds(), c0 = one_thread ? thread_cpu_seconds() : w0;
     kernel();
     const double wall = monotonic_seconds() - w0;
-    const bool together = std::strcmp(op, op_name(Op::kAdamwUpdate)) == 0 ||
-                          std::strcmp(op, op_name(Op::kGlobalNormSquared)) == 0 ||
-                          std::strcmp(op, op_name(Op::kScale)) == 0;
-    pacer_.after_kernel(shape_key, one_thread ? thread_cpu_seconds() - c0 : wall, wall, together);
+    pacer_.after_kernel(shape_key, one_thread ? thread_cpu_seconds() - c0 : wall, wall, all_ranks_at_once());
   }
   void copy_h2d(void* dst, const void* src, size_t bytes) override {
     timed_copy(bytes, [&] { Device::copy_h2d(dst, src, bytes); });
@@ -104,22 +99,28 @@ Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep, std:
 // The kernel's wall time beyond its work (time slices given to other threads) pays for its idle time first; a
 // kernel slowed beyond its chip's time may cancel debt still unpaid but does not put the chip ahead.
 void Pacer::after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds, bool together) {
-  auto [least, first] = least_work_.try_emplace(shape_key, work_seconds);
-  const double before = first ? 0.0 : least->second;
-  if (!first) least->second = std::min(least->second, work_seconds);
-  double work = least->second * drift();
+  Least& least = least_work_.try_emplace(shape_key, Least{.work = work_seconds}).first->second;
+  least.work = std::min(least.work, work_seconds);
+  double work = least.work * drift();
   if (reference_) {
     if (const auto listed = reference_->find(shape_key); listed != reference_->end()) {
       work = listed->second;
       if (!together) {
-        if (first) listed_reference_ += listed->second;
-        listed_least_ += least->second - before;
+        if (least.in_drift < 0) listed_reference_ += listed->second;
+        listed_least_ += least.work - std::max(least.in_drift, 0.0);
+        least.in_drift = least.work;
       }
     }
   }
   const double owed = work / speed_ - wall_seconds;
   debt_seconds_ = std::max(debt_seconds_ + owed, std::min(debt_seconds_, 0.0));
   pay(kMinSleepSeconds);
+}
+
+KernelWork Pacer::least_work() const {
+  KernelWork out;
+  for (const auto& [key, least] : least_work_) out.emplace(key, least.work);
+  return out;
 }
 
 void Pacer::after_copy(size_t bytes, double host_seconds) {
@@ -184,6 +185,11 @@ std::unique_ptr<Device> make_emu_device(int index, const EmuProfile& profile) {
 KernelWork emu_least_work(const Device& device) {
   const auto* emu = dynamic_cast<const EmuDevice*>(&device);
   return emu ? emu->pacer().least_work() : KernelWork{};
+}
+
+double emu_drift(const Device& device) {
+  const auto* emu = dynamic_cast<const EmuDevice*>(&device);
+  return emu ? emu->pacer().drift() : 1.0;
 }
 
 }  // namespace h2

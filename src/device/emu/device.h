@@ -80,8 +80,8 @@ class Pacer {
   // all-reduce) does not count toward drift(): its least work here is its work beside the other ranks' streams,
   // not the host's speed.
   void after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds, bool together = false);
-  // The listed kernels' reference work over their least work here, each listed key that has run counted once (but
-  // those run together); 1 before any has run, or without a reference.
+  // The listed kernels' reference work over their least work here, each listed key counted once it has run apart
+  // from the other ranks (not `together`); 1 before any has, or without a reference.
   double drift() const { return listed_least_ > 0.0 ? listed_reference_ / listed_least_ : 1.0; }
   // A copy of `bytes` took `host_seconds` on the host.
   void after_copy(size_t bytes, double host_seconds);
@@ -91,7 +91,7 @@ class Pacer {
   void forget_credit() { debt_seconds_ = std::max(debt_seconds_, 0.0); }
   double debt_seconds() const { return debt_seconds_; }
   // The least work each key's kernels have done here (measured, whatever the reference says).
-  KernelWork least_work() const { return KernelWork(least_work_.begin(), least_work_.end()); }
+  KernelWork least_work() const;
 
  private:
   void pay(double threshold_seconds);
@@ -102,7 +102,11 @@ class Pacer {
   Sleep sleep_;
   double debt_seconds_ = 0.0;
   std::shared_ptr<const KernelWork> reference_;
-  std::unordered_map<uint64_t, double> least_work_;     // per shape key
+  struct Least {
+    double work = 0;       // the least work a kernel of the key has done here
+    double in_drift = -1;  // what drift()'s sums hold of it; -1 until it runs apart from the other ranks
+  };
+  std::unordered_map<uint64_t, Least> least_work_;      // per shape key
   double listed_reference_ = 0.0, listed_least_ = 0.0;  // over the listed keys that have run: drift()'s sums
 };
 
@@ -110,5 +114,9 @@ std::unique_ptr<Device> make_emu_device(int index, const EmuProfile& profile);
 // The least work each kernel shape has done on `device` so far (Pacer::least_work); empty for a device that is
 // not emulated.
 KernelWork emu_least_work(const Device& device);
+// How the host runs the kernels `device`'s reference lists against when they were profiled (Pacer::drift: their
+// reference work over their least work here; above 1, the host is faster now); 1 for a device that is not emulated,
+// has no reference or has run none of its kernels.
+double emu_drift(const Device& device);
 
 }  // namespace h2
