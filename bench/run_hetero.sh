@@ -76,6 +76,11 @@ misses = [f"{name} round {r + 1}: {x:.3f}"
           for name, xs in ratios.items() for r, x in enumerate(xs) if abs(x - 1) > 0.05]
 print(f"Runs within 5% of their simulated step (#15's bar): {sum(map(len, ratios.values())) - len(misses)} of "
       f"{sum(map(len, ratios.values()))}" + (f" (outside: {', '.join(misses)})" if misses else "") + ".  ")
+drifts = [m["emulation_drift"] for name in ratios for r in range(1, rounds + 1)
+          for m in json.load(open(f"{out}/{name}.{r}/summary.json"))["memory"] if "emulation_drift" in m]
+if drifts:
+    print(f"The host against the profile (each emulated rank's drift, docs/devices.md): {min(drifts):.3f}–"
+          f"{max(drifts):.3f}.  ")
 rounds_of = lambda f: [f(r) for r in range(rounds)]
 if "uniform" in tokens:
     print(f"HeteroAuto plan / uniform split, measured (per round): "

@@ -17,6 +17,7 @@
 #include "core/file.h"
 #include "core/format.h"
 #include "core/hash.h"
+#include "device/emu/device.h"
 #include "device/registry.h"
 #include "model/dataset.h"
 #include "pipeline/runtime.h"
@@ -196,8 +197,9 @@ class RankTraining {
   float evaluate();
   void record_step(int64_t step, float loss, double lr, double dt);
   StageMemory predicted_memory(int rank) const;  // model/costs.h's formula for a rank: its chunks' sum
-  void gather_memory();                  // every rank's device peak and backend, into peaks_, backends_ (a collective)
-  nlohmann::json memory_report() const;  // per rank: its place, chip, planned and measured bytes
+  // Every rank's device peak, backend and emulation drift, into peaks_, backends_, drifts_ (a collective).
+  void gather_memory();
+  nlohmann::json memory_report() const;  // per rank: its place, chip, planned and measured bytes, emulation drift
   void print_memory() const;
   // Rows [first_row, first_row + n) of micro-batch m of the step's batch.
   void take_rows(int m, int first_row, int n, std::vector<int32_t>& tok, std::vector<int32_t>& tgt) const {
@@ -230,6 +232,7 @@ class RankTraining {
   int64_t first_step_ = 0;
   std::vector<double> peaks_;                   // per rank: its device's measured peak, bytes
   std::vector<std::string> backends_;           // per rank: its device's backend
+  std::vector<double> drifts_;                  // per rank: its device's emu_drift (1 for a chip not emulated)
   std::vector<std::vector<double>> allocated_;  // per rank: what its stage allocated, stage_memory's terms
   nlohmann::json trace_ = nlohmann::json::array();
   std::ofstream metrics_;
@@ -361,18 +364,24 @@ float RankTraining::evaluate() {
   return static_cast<float>(sum / batches);
 }
 
+// gather_bytes carries whole numbers: a drift goes as millionths.
+constexpr double kDriftScale = 1e6;
+
 void RankTraining::gather_memory() {
   peaks_.clear();
   backends_.clear();
+  drifts_.clear();
   // The backend as its position in the registry, a number gather_bytes can carry.
   const std::vector<BackendInfo>& known = backends();
   size_t backend = 0;
   while (backend < known.size() && known[backend].name != device_->props().backend) ++backend;
   for (const auto& r :
-       gather_bytes(world_, {static_cast<double>(device_->mem_peak_bytes()), static_cast<double>(backend)})) {
+       gather_bytes(world_, {static_cast<double>(device_->mem_peak_bytes()), static_cast<double>(backend),
+                             std::round(emu_drift(*device_) * kDriftScale)})) {
     peaks_.push_back(r[0]);
     const size_t b = static_cast<size_t>(r[1]);
     backends_.push_back(b < known.size() ? known[b].name : "?");
+    drifts_.push_back(r[2] / kDriftScale);
   }
 }
 
@@ -390,6 +399,7 @@ nlohmann::json RankTraining::memory_report() const {
                             {"backend", backends_[static_cast<size_t>(r)]},
                             {"planned_bytes", group.memory_bytes},
                             {"peak_bytes", peaks_[static_cast<size_t>(r)]}};
+    if (backends_[static_cast<size_t>(r)] == "emu") entry["emulation_drift"] = drifts_[static_cast<size_t>(r)];
     if (static_cast<size_t>(r) < allocated_.size()) {
       // Term by term: model/costs.h's formula for this rank (its vocabulary shard) beside what it allocated.
       const std::vector<double> want = stage_memory_terms(predicted_memory(r));
@@ -431,9 +441,11 @@ void RankTraining::print_memory() const {
   std::printf("memory per device, measured peak beside the plan's prediction:\n");
   for (const auto& m : memory_report()) {
     const double planned = m["planned_bytes"].get<double>(), peak = m["peak_bytes"].get<double>();
-    std::printf("  rank %2d (stage %d, %s on %s): peak %s, planned %s (%.3f)\n", m["rank"].get<int>(),
-                m["stage"].get<int>(), m["chip"].get<std::string>().c_str(), m["backend"].get<std::string>().c_str(),
-                format_bytes(peak).c_str(), format_bytes(planned).c_str(), peak / planned);
+    std::printf(
+        "  rank %2d (stage %d, %s on %s): peak %s, planned %s (%.3f)%s\n", m["rank"].get<int>(), m["stage"].get<int>(),
+        m["chip"].get<std::string>().c_str(), m["backend"].get<std::string>().c_str(), format_bytes(peak).c_str(),
+        format_bytes(planned).c_str(), peak / planned,
+        m.contains("emulation_drift") ? format("; host drift %.3f", m["emulation_drift"].get<double>()).c_str() : "");
   }
   std::fflush(stdout);
 }

@@ -432,6 +432,7 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   ASSERT_EQ(summary.at("memory").size(), 2u);
   for (const auto& m : summary.at("memory")) {
     EXPECT_EQ(m.at("peak_bytes").get<double>(), m.at("planned_bytes").get<double>()) << m.dump();
+    EXPECT_EQ(m.at("emulation_drift").get<double>(), 1.0) << m.dump();  // a cluster file not profiled lists no work
     ASSERT_EQ(m.at("terms").size(), 8u);
     for (const auto& [term, v] : m.at("terms").items()) {
       EXPECT_EQ(v.at("measured").get<double>(), v.at("predicted").get<double>()) << term;
@@ -563,6 +564,23 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
     EXPECT_GT(chip.peak_tflops, 0.0) << chip.name;
     EXPECT_GT(chip.memory_bandwidth_gbps, 0.0) << chip.name;
     EXPECT_FALSE(chip.kernel_work.empty()) << chip.name;  // each type's kernels' work, for the runs to pace to
+  }
+  // A run on the profiled figures paces its chips to that work: each rank reports how the host ran the listed
+  // kernels against the profile — a ratio of two timings, never exactly 1 once a listed kernel has run. One
+  // sequence a step, so that every replica's kernels take the one row profiled: the ones listed.
+  std::string one_row = read_file(train_);
+  one_row.replace(one_row.find("global_batch: 4"), 15, "global_batch: 1");
+  one_row.replace(one_row.find("micro_batches: [1, 2]"), 21, "micro_batches: [1]");
+  write_file_atomic(dir_ + "/one_row.yaml", one_row);
+  const Result run = run_h2("train --config " + config_ + " --cluster " + out + " --model " + model_ + " --train " +
+                            dir_ + "/one_row.yaml --set train.steps=2 --set train.out_dir=" + dir_ + "/profiled_run");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("host drift"));
+  const auto summary = nlohmann::json::parse(read_file(dir_ + "/profiled_run/summary.json"));
+  ASSERT_FALSE(summary.at("memory").empty());
+  for (const auto& m : summary.at("memory")) {
+    const double drift = m.at("emulation_drift").get<double>();
+    EXPECT_TRUE(drift > 0.01 && drift < 100 && drift != 1.0) << m.dump();
   }
 }
 
