@@ -76,9 +76,10 @@ class Device {
   // Runs one kernel on this device's queue. `op_name` is for tracing and error messages; calls with the same
   // `shape_key` (the op, its arguments' shapes and dtypes) do the same work, which an emulated chip paces alike.
   virtual void launch(const char* op_name, uint64_t shape_key, const std::function<void()>& kernel);
-  // Kernels that every rank of a job launches at the same moment — the optimizer step and the bf16 weight refresh
-  // after it, which each rank starts once the gradient norm's all-reduce returns — run while an AllRanksAtOnce of
-  // their device is alive, so that a backend sharing one host among ranks (emu) can tell them from the rest.
+  // Kernels that every rank of a job runs in the same stretch at the end of a step — the optimizer step (the
+  // gradient norm, then, once its all-reduce returns, clipping and AdamW) and the bf16 weight refresh after it — run
+  // while an AllRanksAtOnce of their device is alive, so that a backend sharing one host among ranks (emu) can tell
+  // them from the rest.
   class AllRanksAtOnce {
    public:
     explicit AllRanksAtOnce(Device& device) : device_(device) { ++device_.all_ranks_at_once_; }
