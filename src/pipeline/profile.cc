@@ -511,7 +511,7 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     t.efficiency = 1.0;
     for (size_t i = 0; i < 3; ++i) t.matmul_element_ns[i] = m.matmul_element_s[i] * 1e9;
     t.matmul_forward_speedup = m.matmul_forward_speedup;
-    t.matmul_corrections.clear();
+    t.matmul_corrections.clear();  // against the rate above, which both precisions now share
     for (const GemmTiming& g : m.gemms) {
       t.matmul_corrections.push_back({g.rows, g.k, g.n, g.seconds / t.gemm_pair_s(g.rows, g.k, g.n, false)});
     }

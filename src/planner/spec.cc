@@ -41,6 +41,21 @@ int positive_int32(const ConfigNode& node, const char* key) {
   return static_cast<int>(v);
 }
 
+// A list of exactly N finite numbers, each > 0 (>= 0 with `zero_allowed`); `shape` says what the list is when its
+// length is wrong.
+template <size_t N>
+std::array<double, N> number_list(const ConfigNode& node, const char* shape, bool zero_allowed) {
+  const std::vector<ConfigNode> v = node.items();
+  if (v.size() != N) node.fail(shape);
+  std::array<double, N> x{};
+  for (size_t i = 0; i < N; ++i) {
+    x[i] = v[i].as_double();
+    if (!(zero_allowed ? x[i] >= 0 : x[i] > 0) || !std::isfinite(x[i]))
+      v[i].fail(cat("must be a finite number ", zero_allowed ? ">= 0" : "> 0", ", got ", x[i]));
+  }
+  return x;
+}
+
 }  // namespace
 
 int Cluster::chip_index(const std::string& n) const {
@@ -244,24 +259,14 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
         "weight and output); profile the cluster again with h2 profile");
   }
   if (auto ns = n.find("matmul_element_ns")) {
-    const std::vector<ConfigNode> v = ns->items();
-    if (v.size() != 3) ns->fail("is [input, weight, output]: nanoseconds per element of each, per GEMM pass");
-    for (size_t i = 0; i < 3; ++i) {
-      t.matmul_element_ns[i] = v[i].as_double();
-      if (!(t.matmul_element_ns[i] >= 0) || !std::isfinite(t.matmul_element_ns[i]))
-        v[i].fail(cat("must be a finite number >= 0, got ", t.matmul_element_ns[i]));
-    }
+    t.matmul_element_ns =
+        number_list<3>(*ns, "is [input, weight, output]: nanoseconds per element of each, per GEMM pass", true);
   }
   if (auto list = n.find("matmul_corrections")) {
     t.matmul_corrections.clear();
     for (const ConfigNode& e : list->items()) {
-      const std::vector<ConfigNode> v = e.items();
-      if (v.size() != 4) e.fail("is [rows, k, n, ratio]: a GEMM shape h2 profile timed, and its time over the fit's");
-      std::array<double, 4> x{};
-      for (size_t i = 0; i < 4; ++i) {
-        x[i] = v[i].as_double();
-        if (!(x[i] > 0) || !std::isfinite(x[i])) v[i].fail(cat("must be a finite number > 0, got ", x[i]));
-      }
+      const auto x = number_list<4>(
+          e, "is [rows, k, n, ratio]: a GEMM shape h2 profile timed, and its time over the fit's", false);
       t.matmul_corrections.push_back({x[0], x[1], x[2], x[3]});
     }
   }
