@@ -16,7 +16,11 @@ rm -rf "$out" && mkdir -p "$out"
 model=examples/model_small.yaml setup=examples/train_local.yaml cluster=examples/cluster_local.yaml
 # Profile in the precision the runs train in: the setup's (h2 train --cluster trains in it, docs/pipeline.md).
 precision=$(sed -n 's/^precision: *\([a-z0-9]*\).*/\1/p' $setup)
-build/h2 profile --cluster $cluster --model $model --precision "${precision:-f32}" --out $out/profiled.yaml
+# And up to the global batch's rows a replica: the emulated chips pace the kernels of every plan's replicas as
+# profiled (the slow chips alone run 4 or 8 rows a replica).
+global_batch=$(sed -n 's/^global_batch: *\([0-9]*\).*/\1/p' $setup)
+build/h2 profile --cluster $cluster --model $model --precision "${precision:-f32}" --max-rows "${global_batch:-0}" \
+  --out $out/profiled.yaml
 build/h2 plan --no-interleave --cluster $out/profiled.yaml --model $model --train $setup --baseline uniform \
   --out $out/calibration.json > $out/calibration.plan.txt
 echo "calibration run: the uniform split on the profiled figures"

@@ -50,7 +50,8 @@ void register_launch(CLI::App& app, Command& selected);
 // `h2 profile`; profile_rank_command is the argv of one measuring rank (also for h2 train --profile).
 void register_profile(CLI::App& app, Command& selected);
 std::vector<std::string> profile_rank_command(const std::string& cluster_file, const std::string& model_file,
-                                              int micro_batch, Precision precision, const std::string& raw_out);
+                                              int micro_batch, int max_rows, Precision precision,
+                                              const std::string& raw_out);
 // `h2 bench comm`.
 void register_bench(CLI::App& app, Command& selected);
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pipeline/hetero_train.h"
+#include "pipeline/profile.h"
 
 namespace h2 {
 
@@ -60,8 +61,7 @@ struct DriverOptions {
   std::function<std::vector<std::string>(const std::string& plan_path, const std::string& cluster_path, bool resume)>
       rank_command;
   // argv of one measuring rank, for `profile` (pipeline/profile.h).
-  std::function<std::vector<std::string>(const std::string&, const std::string&, int, Precision, const std::string&)>
-      profile_rank_command;
+  decltype(ProfileJob::rank_command) profile_rank_command;
 };
 
 // The driver: returns the job's exit status (a failed rank's, or 0).

@@ -83,13 +83,14 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   const int64_t N = int64_t{B} * T;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const auto random = [&](Shape s, float scale) {
-    Tensor t = dev.empty(DType::kF32, s);
+  const auto random_on = [&](Device& on, Shape s, float scale) {
+    Tensor t = on.empty(DType::kF32, s);
     std::vector<float> host(static_cast<size_t>(t.numel()));
     for (float& v : host) v = scale * normal(rng);
     copy_from_host(t, host.data());
     return t;
   };
+  const auto random = [&](Shape s, float scale) { return random_on(dev, s, scale); };
   const Tensor x = random({B, T, C}, 1.0f), dout = random({B, T, C}, 0.01f);
   std::vector<int32_t> ids(static_cast<size_t>(N));
   for (size_t i = 0; i < ids.size(); ++i)
@@ -117,20 +118,30 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   };
   std::vector<Gemm> gemms;
   const int V = config.vocab_size;
-  const auto operand = [&](Shape s, float scale) {  // a product's input, in the precision the products read
-    const Tensor t = random(s, scale);
+  const auto operand = [&](Device& on, Shape s, float scale) {  // a product's input, in the precision they read
+    const Tensor t = random_on(on, s, scale);
     if (precision == Precision::kF32) return t;
-    Tensor low = dev.empty(DType::kBF16, s);
+    Tensor low = on.empty(DType::kBF16, s);
     ops::convert(low, t);
     return low;
   };
+  const auto make_gemm = [&](Device& on, int64_t rows, int k, int n) {
+    return Gemm{.in = operand(on, {rows, k}, 1.0f),
+                .w = operand(on, {n, k}, 0.02f),
+                .out = on.empty(DType::kF32, {rows, n}),
+                .din = on.empty(DType::kF32, {rows, k}),
+                .dw = on.zeros(DType::kF32, {n, k}),
+                .rows = static_cast<double>(rows),
+                .k = static_cast<double>(k),
+                .n = static_cast<double>(n)};
+  };
+  const auto shapes_at = [&](int tp) {  // (k, n) of the model's GEMMs at TP degree tp
+    return std::vector<std::pair<int, int>>{
+        {C, 3 * C / tp}, {C / tp, C}, {C, 4 * C / tp}, {4 * C / tp, C}, {C, V / tp}};
+  };
   for (int tp : {1, 2}) {
     for (int64_t rows : {N, 4 * N}) {
-      for (auto [k, n] : {std::pair{C, 3 * C / tp}, {C / tp, C}, {C, 4 * C / tp}, {4 * C / tp, C}, {C, V / tp}}) {
-        gemms.push_back({operand({rows, k}, 1.0f), operand({n, k}, 0.02f), dev.empty(DType::kF32, {rows, n}),
-                         dev.empty(DType::kF32, {rows, k}), dev.zeros(DType::kF32, {n, k}), static_cast<double>(rows),
-                         static_cast<double>(k), static_cast<double>(n)});
-      }
+      for (const auto& [k, n] : shapes_at(tp)) gemms.push_back(make_gemm(dev, rows, k, n));
     }
   }
   struct Attention {
@@ -141,7 +152,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   std::vector<Attention> attentions;
   const DType kept = precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   for (int tp : {1, 2}) {
-    attentions.push_back({operand({B, T, 3 * C / tp}, 1.0f), dev.empty(kept, {B, T, C / tp}),
+    attentions.push_back({operand(dev, {B, T, 3 * C / tp}, 1.0f), dev.empty(kept, {B, T, C / tp}),
                           dev.empty(kept, {B, NH / tp, T, T}), dev.empty(DType::kF32, {B, T, 3 * C / tp}),
                           random({B, T, C / tp}, 0.01f), NH / tp, 2.0 * N * T * C / tp});
   }
@@ -188,13 +199,14 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   };
   // Each interval on its own (Device::start_interval): an emulated chip would otherwise give the next measurement
   // back what its last sleep overran, which made small kernels look up to twice as fast after large ones.
-  const auto timed = [&](const std::function<void()>& fn) {
-    dev.start_interval();
+  const auto timed_on = [](Device& on, const std::function<void()>& fn) {
+    on.start_interval();
     const double t0 = monotonic_seconds();
     fn();
-    dev.synchronize();
+    on.synchronize();
     return monotonic_seconds() - t0;
   };
+  const auto timed = [&](const std::function<void()>& fn) { return timed_on(dev, fn); };
   constexpr int kTiny = 200;  // kernels per round of the overhead measurement
   // Rounds of every measurement until options.rounds are done after the first (a warm-up) and min_seconds have
   // passed; the least of each is the measurement.
@@ -278,40 +290,90 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   m.recompute_s = least(recompute);
   // The kernels a stage of this chip type runs at each TP degree the planner may give it, for their work only
   // (untimed, options.rounds + 1 times, as above), on each TP rank (the first adds the row-parallel biases;
-  // vocabulary shards may be uneven): the embedding, a block and the head forward and backward (at TP 1 the block's
-  // and the head's ran above), then the optimizer step over each one's tensors as training takes it (2026-12-05: a
-  // TP-2 head stage's optimizer, its kernels not listed, ran 3.3 times its prediction, their least work learnt while
-  // the other ranks' optimizers streamed memory too). Their all-reduces are left out: they launch no kernels. A
-  // reference lists them already (the measurement it came from ran them).
+  // vocabulary shards may be uneven): the embedding, a block and the head forward and backward (at TP 1 and the
+  // micro-batch's rows the block's and the head's ran above), then the optimizer step over each one's tensors as
+  // training takes it (2026-12-05: a TP-2 head stage's optimizer, its kernels not listed, ran 3.3 times its
+  // prediction, their least work learnt while the other ranks' optimizers streamed memory too). Their all-reduces
+  // are left out: they launch no kernels. A reference lists them already (the measurement it came from ran them).
   const auto nothing = [](const Tensor&) {};
   const auto step = [&](Gpt& model) {
     const int64_t count = model.num_params();
-    const OptimizerState moments{dev.zeros(DType::kF32, {count}), dev.zeros(DType::kF32, {count})};
+    const OptimizerState moments{model.device().zeros(DType::kF32, {count}),
+                                 model.device().zeros(DType::kF32, {count})};
     for (int round = 0; round <= options.rounds; ++round) optimize(model, moments);
   };
   const CostModel planning(cluster, shape, TrainSetup{.global_batch = micro_batch, .precision = precision});
-  for (const int tp : reference ? std::vector<int>{} : tp_options(planning, cluster.chip_index(chip))) {
-    for (int rank = 0; rank < tp; ++rank) {
-      const TensorParallel group{rank, tp, nothing, nothing};
-      Gpt embedding(config, dev, GptRange{true, 0, 0, false}, B, T, group, block.policy());
-      Gpt tp_block(config, dev, GptRange{false, 0, 1, false}, B, T, group, block.policy());
-      Gpt tp_head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T, group, head.policy());
-      for (Gpt* part : {&embedding, &tp_block, &tp_head}) part->init(1);
-      for (int round = 0; round <= options.rounds; ++round) {
-        embedding.forward(targets);
-        embedding.backward(dout);
-        if (tp == 1) continue;
-        tp_block.forward(x);
-        tp_block.backward(dout);
-        tp_head.forward(x);
-        tp_head.loss(targets);
-        tp_head.backward();
+  const std::vector<int> tps = reference ? std::vector<int>{} : tp_options(planning, cluster.chip_index(chip));
+  const auto run_stage_kernels = [&](Device& on, int rows, bool optimizer) {
+    const Tensor in = random_on(on, {rows, T, C}, 1.0f), grad = random_on(on, {rows, T, C}, 0.01f);
+    Tensor tokens = on.empty(DType::kI32, {rows, T});
+    std::vector<int32_t> token_ids(static_cast<size_t>(rows) * static_cast<size_t>(T));
+    for (size_t i = 0; i < token_ids.size(); ++i) token_ids[i] = ids[i % ids.size()];
+    copy_from_host(tokens, token_ids.data());
+    for (const int tp : tps) {
+      for (int rank = 0; rank < tp; ++rank) {
+        const TensorParallel group{rank, tp, nothing, nothing};
+        Gpt embedding(config, on, GptRange{true, 0, 0, false}, rows, T, group, block.policy());
+        Gpt tp_block(config, on, GptRange{false, 0, 1, false}, rows, T, group, block.policy());
+        Gpt tp_head(config, on, GptRange{false, config.n_layer, config.n_layer, true}, rows, T, group, head.policy());
+        for (Gpt* part : {&embedding, &tp_block, &tp_head}) part->init(1);
+        for (int round = 0; round <= options.rounds; ++round) {
+          embedding.forward(tokens);
+          embedding.backward(grad);
+          if (tp == 1 && rows == B) continue;
+          tp_block.forward(in);
+          tp_block.backward(grad);
+          tp_head.forward(in);
+          tp_head.loss(tokens);
+          tp_head.backward();
+        }
+        if (optimizer) {
+          for (Gpt* part : {&embedding, &tp_block, &tp_head}) step(*part);
+        }
       }
-      for (Gpt* part : {&embedding, &tp_block, &tp_head}) step(*part);
+    }
+  };
+  run_stage_kernels(dev, B, /*optimizer=*/true);
+  // And at each multiple of the micro-batch by 2, 4, ... up to options.max_rows sequences: a replica may run more
+  // rows than one micro-batch at once (larger micro-batches, pipelines folded onto fewer replicas). Their work does
+  // not depend on the chip's speed, so an unpaced copy of the chip learns it (the optimizer's does not depend on the
+  // rows). Without them listed, a run whose replicas ran 4 or 8 rows paced its kernels by the host of the moment
+  // instead of the profile: 0.81-1.06 of its simulation in four runs of bench/run_hetero.sh (2026-12-05).
+  std::unique_ptr<Device> unpaced;
+  if (spec.emu && options.max_rows >= 2 * B) {
+    DeviceSpec at_host_speed = spec;
+    at_host_speed.emu->speed = 1.0;
+    at_host_speed.emu->mem_bandwidth_gbps = 0.0;
+    unpaced = create_device(at_host_speed);
+    for (int rows = 2 * B; rows <= options.max_rows && !reference; rows *= 2) run_stage_kernels(*unpaced, rows, false);
+  }
+  // The model's GEMMs at those rows too (but 4 times the micro-batch's, timed above), not fitted but kept for the
+  // cost model's corrections (ChipType::matmul_corrections, which it otherwise holds beyond 4 times: on 2026-12-05 a
+  // replica of 8 rows, its kernels paced as profiled, ran its forward in 0.75 of the time predicted from the
+  // corrections at 1 and 4). An emulated chip's are timed on its unpaced copy, their time over its speed: what it
+  // paces them to (options.rounds + 1 times, the least of all but the first).
+  Device& at_host = unpaced ? *unpaced : dev;
+  const double slowdown = unpaced ? 1.0 / spec.emu->speed : 1.0;
+  for (int rows = 2 * B; rows <= options.max_rows; rows *= 2) {
+    if (rows == 4 * B) continue;
+    for (int tp : {1, 2}) {
+      for (const auto& [k, n] : shapes_at(tp)) {
+        const Gemm g = make_gemm(at_host, int64_t{rows} * T, k, n);
+        std::vector<double> pair;
+        for (int round = 0; round <= options.rounds; ++round) {
+          const double t = timed_on(at_host, [&] {
+            ops::matmul_forward(g.out, g.in, g.w, Tensor());
+            ops::matmul_backward(g.din, g.dw, Tensor(), g.out, g.in, g.w);
+          });
+          if (round > 0) pair.push_back(t);
+        }
+        m.gemms.push_back({g.rows, g.k, g.n, std::max(1e-9, least(pair) * slowdown - 2.0 * m.kernel_overhead_s)});
+      }
     }
   }
   dev.synchronize();
   m.kernel_work = emu_least_work(dev);
+  if (unpaced) m.kernel_work.merge(emu_least_work(*unpaced));  // the paced chip's least work where both ran a key
   if (reference) {
     for (const auto& [key, seconds] : *reference) m.kernel_work[key] = seconds;
   }
@@ -595,8 +657,8 @@ std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int
 // count a kernel's work as the least its shapes have done (device/emu/device.h), which is what it does without
 // other ranks in the host's caches — what a rank measures alone. Then the link, every rank at once; rank 0 writes
 // what the measuring ranks found.
-void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, Precision precision,
-                  const std::string& out) {
+void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, int max_rows,
+                  Precision precision, const std::string& out) {
   const Cluster cluster = load_cluster_arg(cluster_file);
   const std::vector<std::string> chips = rank_chips(cluster);
   auto job = join_job(job_env());
@@ -623,8 +685,8 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   for (size_t t = 0; t < turns.size(); ++t) {
     if (turns[t] != me) continue;
     if (t > 0 && turns[t - 1] != me) wait_for_turn(world, turns[t - 1]);
-    const MeasureOptions learn{.rounds = 1, .min_seconds = 2.0},
-        timed{.rounds = 2, .min_seconds = 1.0, .reference = &m.kernel_work};
+    const MeasureOptions learn{.rounds = 1, .min_seconds = 2.0, .max_rows = max_rows},
+        timed{.rounds = 2, .min_seconds = 1.0, .reference = &m.kernel_work, .max_rows = max_rows};
     m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, measured ? timed : learn);
     measured = true;
     if (t + 1 < turns.size() && turns[t + 1] != me) tell(turns[t + 1]);
@@ -683,7 +745,8 @@ void profile_cluster(const ProfileJob& job) {
                                     "\nvocab: ", shape.vocab, "\nseq_len: ", shape.seq_len, "\n"));
   LaunchOptions options;
   options.ranks = std::max<int>(2, static_cast<int>(ranks.size()));
-  const LaunchResult r = launch(job.rank_command(cluster_file, model_file, micro_batch, job.precision, part), options);
+  const LaunchResult r =
+      launch(job.rank_command(cluster_file, model_file, micro_batch, job.max_rows, job.precision, part), options);
   std::filesystem::remove(model_file);
   if (r.exit_code != 0) throw Error(ErrorCode::kInternal, cat("the measurement failed: ", r.message));
   const nlohmann::json j = nlohmann::json::parse(read_file(part));
@@ -737,10 +800,11 @@ void profile_cluster(const ProfileJob& job) {
   }
   for (const ChipMeasurement& m : chips) {
     std::printf(
-        "%-10s GEMM: %.2f GF/s beyond %.3f, %.3f, %.3f ns per element of input, weight, output (fitted to "
-        "%zu GEMMs within %.1f%% rms)\n",
+        "%-10s GEMM: %.2f GF/s beyond %.3f, %.3f, %.3f ns per element of input, weight, output (fitted to the "
+        "GEMMs at %d and %d rows within %.1f%% rms; %zu GEMMs timed in all)\n",
         m.chip.c_str(), m.matmul_flops / 1e9, m.matmul_element_s[0] * 1e9, m.matmul_element_s[1] * 1e9,
-        m.matmul_element_s[2] * 1e9, m.gemms.size(), 100 * m.matmul_fit_error);
+        m.matmul_element_s[2] * 1e9, static_cast<int>(micro_batch * shape.seq_len),
+        static_cast<int>(4 * micro_batch * shape.seq_len), 100 * m.matmul_fit_error, m.gemms.size());
   }
   std::printf(
       "link (DiComm over UCX, %d processes, pairs all-reducing at once): %.2f GB/s, %.1f us a message while every "

@@ -93,11 +93,13 @@ struct LinkMeasurement {
 // passed; each figure is the least of its rounds (what the host adds - a late wake-up, another process - only
 // lengthens a round). With `reference`, an emulated chip paces the kernels it lists to that work (device/emu/
 // device.h): the figures are then those of the kernels as training paces them after this profile, and kernel_work
-// is the reference, with the least work of each kernel it does not list.
+// is the reference, with the least work of each kernel it does not list. Without a reference, an emulated chip also
+// learns the work of a stage's kernels at twice, 4 times, ... the micro-batch's rows, up to `max_rows` sequences.
 struct MeasureOptions {
   int rounds = 3;
   double min_seconds = 0;
   const KernelWork* reference = nullptr;
+  int max_rows = 0;
 };
 // The GEMMs, a block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/
 // gpt.h). Without a reference, also the kernels the embedding, a block and the head run on each TP rank at every TP
@@ -131,11 +133,15 @@ struct ProfileJob {
   TransformerShape shape;   // the model whose shapes are measured
   std::string model_label;  // where it came from, for the file's header
   int micro_batch = 1;
+  // The most sequences a replica may run at once in training (the global batch): an emulated chip's kernel work
+  // lists a stage's kernels up to them (MeasureOptions::max_rows); 0: at the micro-batch's rows only.
+  int max_rows = 0;
   Precision precision = Precision::kF32;  // the precision training will run in
   std::string out;
   // argv of one measuring rank, given the files it reads and the file rank 0 writes its raw results to.
   std::function<std::vector<std::string>(const std::string& cluster_file, const std::string& model_file,
-                                         int micro_batch, Precision precision, const std::string& raw_out)>
+                                         int micro_batch, int max_rows, Precision precision,
+                                         const std::string& raw_out)>
       rank_command;
 };
 void profile_cluster(const ProfileJob& job);
@@ -146,7 +152,7 @@ std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int
 
 // One measuring rank (a process started by profile_cluster): joins the job, measures, and rank 0 writes what
 // every rank found to `raw_out` (JSON).
-void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, Precision precision,
-                  const std::string& raw_out);
+void profile_rank(const std::string& cluster_file, const TransformerShape& shape, int micro_batch, int max_rows,
+                  Precision precision, const std::string& raw_out);
 
 }  // namespace h2

@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -538,7 +539,10 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   // The GEMMs' elements' costs are fitted to the model's five GEMMs (c_attn, attn.c_proj, c_fc, mlp.c_proj, the
   // head's) at TP 1 and 2, at the micro-batch's rows and 4 times them: 20 per chip type, each kept with its time
   // over the fit's.
-  EXPECT_THAT(r.output, HasSubstr("per element of input, weight, output (fitted to 20 GEMMs within"));
+  const int T = load_model(ConfigNode::load_file(model_)).seq_len;
+  EXPECT_THAT(r.output, HasSubstr(cat("per element of input, weight, output (fitted to the GEMMs at ", T, " and ",
+                                      4 * T, " rows within")));
+  EXPECT_THAT(r.output, HasSubstr("; 20 GEMMs timed in all)"));
   EXPECT_EQ(fast.matmul_corrections.size(), 20u);
   for (double ns : fast.matmul_element_ns) EXPECT_GE(ns, 0.0);
   EXPECT_GT(fast.elementwise_gbps, 0.0);
@@ -548,9 +552,19 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   const Result plan = run_h2("plan --cluster " + out + " --model " + model_ + " --train " + train_);
   EXPECT_EQ(plan.status, 0) << plan.output;
   // In bf16 every kernel runs in the dtypes bf16 training gives it (a bf16 attention fed an f32 gradient, say).
-  const Result bf16 = run_h2("profile --precision bf16 --cluster " + cluster_ + " --model " + model_ + " --out " + out);
+  // With --max-rows 4 the GEMMs at twice the micro-batch's rows are timed too (4 times were already), not fitted
+  // but kept as corrections: 10 more.
+  const Result bf16 =
+      run_h2("profile --precision bf16 --max-rows 4 --cluster " + cluster_ + " --model " + model_ + " --out " + out);
   ASSERT_EQ(bf16.status, 0) << bf16.output;
-  EXPECT_GT(load_cluster(ConfigNode::load_file(out)).chips.front().peak_tflops, 0.0);
+  EXPECT_THAT(bf16.output, HasSubstr("; 30 GEMMs timed in all)"));
+  const Cluster bf16_measured = load_cluster(ConfigNode::load_file(out));
+  const ChipType& bf16_fast = bf16_measured.chips.front();
+  EXPECT_GT(bf16_fast.peak_tflops, 0.0);
+  ASSERT_EQ(bf16_fast.matmul_corrections.size(), 30u);
+  EXPECT_EQ(std::count_if(bf16_fast.matmul_corrections.begin(), bf16_fast.matmul_corrections.end(),
+                          [&](const ChipType::GemmCorrection& g) { return g.rows == 2 * T && g.ratio > 0; }),
+            10);
   // Two devices of each type: the second of each waits while the first measures, and only the first's figures
   // count (a waiting rank's would be zeros).
   std::string four = read_file(cluster_);

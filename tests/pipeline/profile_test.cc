@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "device/key_recorder.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
@@ -90,29 +92,22 @@ TEST(ProfileTurns, TheFirstRankOfEachChipTypeOncePerPass) {
   EXPECT_EQ(measuring_turns({"slow", "fast", "slow"}, 1), (std::vector<int>{0, 1}));
 }
 
-// h2 profile lists the work of the kernels a stage runs at every tensor-parallel degree its chip type's devices
-// allow, so that a run paces them as profiled: every kernel the embedding, a block and the head run at TP 1 and 2,
-// on either TP rank (the first adds the row-parallel biases; 101 tokens make uneven vocabulary shards), forward,
-// backward and the optimizer step over their tensors, is in the measurement's kernel_work, with positive work.
-TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStage) {
-  const Cluster cluster = load_cluster(ConfigNode::parse_string(
-      "name: pair\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
-      "groups:\n  - {chip: c, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}\n",
-      "pair.yaml"));
-  const TransformerShape shape{
-      .layers = 1, .hidden = 32, .heads = 2, .kv_heads = 2, .ffn = 128, .vocab = 101, .seq_len = 8};
-  const ChipMeasurement m = measure_chip(cluster, "c", shape, /*micro_batch=*/1, Precision::kF32);
+// The kernels a stage runs at `rows` sequences at TP 1 and 2, on either TP rank (the first adds the row-parallel
+// biases; 101 tokens make uneven vocabulary shards): the embedding, a block and the head, forward and backward, and
+// with `optimizer` the optimizer step over their tensors.
+std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, bool optimizer) {
   const GptConfig config = gpt_config_of(shape);
+  const int T = config.seq_len, C = config.n_embd;
   KeyRecorder dev(size_t{64} << 20);
-  const Tensor x = dev.zeros(DType::kF32, {1, 8, 32}), dout = dev.zeros(DType::kF32, {1, 8, 32});
-  const Tensor targets = dev.zeros(DType::kI32, {1, 8});
+  const Tensor x = dev.zeros(DType::kF32, {rows, T, C}), dout = dev.zeros(DType::kF32, {rows, T, C});
+  const Tensor targets = dev.zeros(DType::kI32, {rows, T});
   const auto nothing = [](const Tensor&) {};
   const Tensor acc = dev.zeros(DType::kF32, {1});
   for (const auto& [rank, size] : {std::pair{0, 1}, {0, 2}, {1, 2}}) {
     const TensorParallel tp{rank, size, nothing, nothing};
-    Gpt embedding(config, dev, GptRange{true, 0, 0, false}, 1, 8, tp);
-    Gpt block(config, dev, GptRange{false, 0, 1, false}, 1, 8, tp);
-    Gpt head(config, dev, GptRange{false, 1, 1, true}, 1, 8, tp);
+    Gpt embedding(config, dev, GptRange{true, 0, 0, false}, rows, T, tp);
+    Gpt block(config, dev, GptRange{false, 0, 1, false}, rows, T, tp);
+    Gpt head(config, dev, GptRange{false, 1, 1, true}, rows, T, tp);
     for (Gpt* part : {&embedding, &block, &head}) part->init(1);
     embedding.forward(targets);
     embedding.backward(dout);
@@ -121,18 +116,46 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStage) {
     head.forward(x);
     head.loss(targets);
     head.backward();
-    for (Gpt* part : {&embedding, &block, &head}) {
+    for (Gpt* part : optimizer ? std::vector<Gpt*>{&embedding, &block, &head} : std::vector<Gpt*>{}) {
       const int64_t n = part->num_params();
       const OptimizerState moments{dev.zeros(DType::kF32, {n}), dev.zeros(DType::kF32, {n})};
       optimizer_step(*part, moments, AdamwParams{}, acc, {.max_norm = 1e-6});
     }
   }
-  ASSERT_FALSE(dev.keys.empty());
-  for (const uint64_t key : dev.keys) {
-    const auto listed = m.kernel_work.find(key);
-    ASSERT_NE(listed, m.kernel_work.end()) << "kernel " << key << " is not in the profile's kernel work";
-    EXPECT_GT(listed->second, 0.0);
-  }
+  return dev.keys;
+}
+
+// h2 profile lists the work of the kernels a stage runs at every tensor-parallel degree its chip type's devices
+// allow, so that a run paces them as profiled: every kernel of stage_kernels at the micro-batch's rows (one
+// sequence), the optimizer step's included, is in the measurement's kernel_work with positive work; with max_rows 4,
+// also those at 2 and 4 sequences (not 3: the rows double), which without it it does not list.
+TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRows) {
+  const Cluster cluster = load_cluster(ConfigNode::parse_string(
+      "name: pair\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
+      "groups:\n  - {chip: c, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}\n",
+      "pair.yaml"));
+  const TransformerShape shape{
+      .layers = 1, .hidden = 32, .heads = 2, .kv_heads = 2, .ffn = 128, .vocab = 101, .seq_len = 8};
+  const ChipMeasurement one = measure_chip(cluster, "c", shape, /*micro_batch=*/1, Precision::kF32),
+                        upto4 = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.max_rows = 4});
+  const auto expect_listed = [](const ChipMeasurement& m, const std::vector<uint64_t>& keys, const char* what) {
+    ASSERT_FALSE(keys.empty());
+    for (const uint64_t key : keys) {
+      const auto listed = m.kernel_work.find(key);
+      ASSERT_NE(listed, m.kernel_work.end()) << what << ": kernel " << key << " is not in the profile's kernel work";
+      EXPECT_GT(listed->second, 0.0) << what;
+    }
+  };
+  expect_listed(one, stage_kernels(shape, 1, true), "one sequence");
+  expect_listed(upto4, stage_kernels(shape, 1, true), "one sequence, max_rows 4");
+  expect_listed(upto4, stage_kernels(shape, 2, false), "two sequences");
+  expect_listed(upto4, stage_kernels(shape, 4, false), "four sequences");
+  const auto listed = [](const ChipMeasurement& m, const std::vector<uint64_t>& keys) {
+    return std::count_if(keys.begin(), keys.end(), [&](uint64_t k) { return m.kernel_work.contains(k); });
+  };
+  const std::vector<uint64_t> two = stage_kernels(shape, 2, false), three = stage_kernels(shape, 3, false);
+  EXPECT_LT(listed(one, two), static_cast<long>(two.size())) << "without max_rows, two sequences' kernels listed";
+  EXPECT_LT(listed(upto4, three), static_cast<long>(three.size())) << "three sequences' kernels listed";
 }
 
 // The latency under load, worked by hand. Pair (0, 1): GEMMs alone 10 and 12 ms, with the all-reduce 13 and 14 ms:
