@@ -40,10 +40,11 @@ struct ChipMeasurement {
   double kernel_overhead_s = 0;  // the fixed cost of one kernel
   double matmul_flops = 0;       // GEMMs' rate beyond their fixed costs and their elements' (fit_matmul), FLOP/s
   std::array<double, 3> matmul_element_s{};  // and those (ChipType::matmul_element_ns, in seconds)
-  double matmul_fit_error = 0;               // the fit's root-mean-square relative error over the GEMMs timed
-  std::vector<GemmTiming> gemms;             // the model's GEMMs at TP 1 and 2, the micro-batch's rows and 4x
-  double attention_flops = 0;                // the attention core's backward
-  double attention_forward_flops = 0;        // its forward
+  double matmul_fit_error = 0;               // the fit's root-mean-square relative error over the GEMMs fitted
+  // The model's GEMMs at TP 1 and 2, the micro-batch's rows and 4x (fitted), then those at MeasureOptions::max_rows's.
+  std::vector<GemmTiming> gemms;
+  double attention_flops = 0;          // the attention core's backward
+  double attention_forward_flops = 0;  // its forward
   double memory_gbps = 0;  // the optimizer step's rate as the memory bandwidth the cost model's formula needs
   double layer_s = 0;      // measured whole: one block, forward + backward, one micro-batch
   double head_s = 0;       // the head, forward + loss + backward
@@ -93,8 +94,10 @@ struct LinkMeasurement {
 // passed; each figure is the least of its rounds (what the host adds - a late wake-up, another process - only
 // lengthens a round). With `reference`, an emulated chip paces the kernels it lists to that work (device/emu/
 // device.h): the figures are then those of the kernels as training paces them after this profile, and kernel_work
-// is the reference, with the least work of each kernel it does not list. Without a reference, an emulated chip also
-// learns the work of a stage's kernels at twice, 4 times, ... the micro-batch's rows, up to `max_rows` sequences.
+// is the reference, with the least work of each kernel it does not list. With `max_rows`, the model's GEMMs are also
+// timed at twice, 8 times, ... the micro-batch's rows up to `max_rows` sequences (an emulated chip's on an unpaced
+// copy of it, over its speed; kept in gemms, not fitted) and, without a reference, an emulated chip learns the work
+// of a stage's kernels at twice, 4 times, ... them.
 struct MeasureOptions {
   int rounds = 3;
   double min_seconds = 0;
@@ -133,8 +136,9 @@ struct ProfileJob {
   TransformerShape shape;   // the model whose shapes are measured
   std::string model_label;  // where it came from, for the file's header
   int micro_batch = 1;
-  // The most sequences a replica may run at once in training (the global batch): an emulated chip's kernel work
-  // lists a stage's kernels up to them (MeasureOptions::max_rows); 0: at the micro-batch's rows only.
+  // The most sequences a replica may run at once in training (the global batch): the GEMMs are timed and an
+  // emulated chip's kernel work lists a stage's kernels up to them (MeasureOptions::max_rows); 0: at the
+  // micro-batch's rows only.
   int max_rows = 0;
   Precision precision = Precision::kF32;  // the precision training will run in
   std::string out;
