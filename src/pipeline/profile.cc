@@ -17,6 +17,7 @@
 #include "comm/launch.h"
 #include "core/clock.h"
 #include "core/file.h"
+#include "core/format.h"
 #include "device/registry.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
@@ -65,6 +66,20 @@ std::vector<KernelWork> gather_kernel_work(Communicator& world, const KernelWork
   return all_work;
 }
 
+// A block's and the head's kernels (forward and backward) at a part timing's TP degree and rows, as the cost model
+// composes them; without their all-reduces or the profile's part corrections.
+std::pair<double, double> composed_parts(const CostModel& costs, int chip, const ChipMeasurement::PartTiming& p) {
+  const TransformerShape& shape = costs.model();
+  const double e = costs.constants().bytes.activation, w = costs.constants().bytes.weight;
+  const int b = static_cast<int>(std::lround(p.rows / shape.seq_len)), tp = static_cast<int>(p.tp);
+  double block = 0, head = 0;
+  for (bool backward : {false, true}) {
+    block += costs.ops_s(chip, block_ops(shape, b, shape.seq_len, tp, e, w, backward));
+    head += costs.ops_s(chip, head_ops(shape, b, shape.seq_len, tp, e, w, backward));
+  }
+  return {block, head};
+}
+
 }  // namespace
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
@@ -97,13 +112,11 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     ids[i] = static_cast<int32_t>(i * 7919 % static_cast<size_t>(config.vocab_size));
   Tensor targets = dev.empty(DType::kI32, {B, T});
   copy_from_host(targets, ids.data());
-  Gpt block(config, dev, GptRange{false, 0, 1, false}, B, T, {}, ActivationPolicy{.precision = precision});
-  block.init(1);
+  const ActivationPolicy policy{.precision = precision};
   Gpt selective(config, dev, GptRange{false, 0, 1, false}, B, T, {},
                 ActivationPolicy{.recompute = Recompute::kSelective, .precision = precision});
   selective.init(1);
-  Gpt head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T, {},
-           ActivationPolicy{.precision = precision});
+  Gpt head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, B, T, {}, policy);  // the optimizer's
   head.init(1);
   // The model's GEMMs (k -> n columns over N rows) at TP 1 and 2, and the attention core at both, in the precision
   // the model keeps their inputs in (bf16: q/k/v, the probabilities and the output too; gpt.h). The GEMMs also at
@@ -210,7 +223,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   constexpr int kTiny = 200;  // kernels per round of the overhead measurement
   // Rounds of every measurement until options.rounds are done after the first (a warm-up) and min_seconds have
   // passed; the least of each is the measurement.
-  std::vector<double> overhead, attention_s, attention_forward_s, layer, head_s, optim, elementwise_s;
+  std::vector<double> overhead, attention_s, attention_forward_s, optim, elementwise_s;
   std::vector<std::vector<double>> gemm_s(gemms.size()), gemm_forward_s(gemms.size());
   const double start = monotonic_seconds();
   for (int round = 0; round <= options.rounds || monotonic_seconds() - start < options.min_seconds; ++round) {
@@ -228,15 +241,9 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     const double a = timed([&] {
       for (const Attention& m : attentions) ops::attention_backward(m.dqkv, m.dout, m.qkv, m.att, m.heads);
     });
-    const double l = timed([&] {
-      block.forward(x);
-      block.backward(dout);
-    });
-    const double h = timed([&] {
-      head.forward(x);
-      head.loss(targets);
-      head.backward();
-    });
+    head.forward(x);  // gradients for the optimizer step to clip (a kernel over them all)
+    head.loss(targets);
+    head.backward();
     const double p = timed([&] { optimize(head, state); });
     const double e = timed(elementwise);
     if (round == 0) continue;
@@ -244,8 +251,6 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]), gemm_forward_s[i].push_back(gf[i]);
     attention_s.push_back(a);
     attention_forward_s.push_back(af);
-    layer.push_back(l);
-    head_s.push_back(h);
     optim.push_back(p);
     elementwise_s.push_back(e);
   }
@@ -276,8 +281,6 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   m.memory_gbps = traffic * static_cast<double>(n) / least(optim) / 1e9;
   m.elementwise_gbps =
       elementwise_bytes / std::max(1e-9, least(elementwise_s) - elementwise_kernels * m.kernel_overhead_s) / 1e9;
-  m.layer_s = least(layer);
-  m.head_s = least(head_s);
   // Selective recomputation's cost as the model times it inside a selective block's backward (the least of
   // options.rounds, after one to warm up).
   std::vector<double> recompute;
@@ -291,7 +294,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   // The kernels a stage of this chip type runs at each TP degree the planner may give it, for their work only
   // (untimed, options.rounds + 1 times, as above), on each TP rank (the first adds the row-parallel biases;
   // vocabulary shards may be uneven): the embedding, a block and the head forward and backward (at TP 1 and the
-  // micro-batch's rows the block's and the head's ran above), then the optimizer step over each one's tensors as
+  // micro-batch's rows the block's and the head's run timed below), then the optimizer step over each one's tensors as
   // training takes it (2026-12-05: a TP-2 head stage's optimizer, its kernels not listed, ran 3.3 times its
   // prediction, their least work learnt while the other ranks' optimizers streamed memory too). Their all-reduces
   // are left out: they launch no kernels. A reference lists them already (the measurement it came from ran them).
@@ -303,19 +306,24 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     for (int round = 0; round <= options.rounds; ++round) optimize(model, moments);
   };
   const CostModel planning(cluster, shape, TrainSetup{.global_batch = micro_batch, .precision = precision});
-  const std::vector<int> tps = reference ? std::vector<int>{} : tp_options(planning, cluster.chip_index(chip));
-  const auto run_stage_kernels = [&](Device& on, int rows, bool optimizer) {
-    const Tensor in = random_on(on, {rows, T, C}, 1.0f), grad = random_on(on, {rows, T, C}, 0.01f);
+  const std::vector<int> all_tps = tp_options(planning, cluster.chip_index(chip));
+  const std::vector<int> tps = reference ? std::vector<int>{} : all_tps;
+  const auto tokens_on = [&](Device& on, int rows) {
     Tensor tokens = on.empty(DType::kI32, {rows, T});
     std::vector<int32_t> token_ids(static_cast<size_t>(rows) * static_cast<size_t>(T));
     for (size_t i = 0; i < token_ids.size(); ++i) token_ids[i] = ids[i % ids.size()];
     copy_from_host(tokens, token_ids.data());
+    return tokens;
+  };
+  const auto run_stage_kernels = [&](Device& on, int rows, bool optimizer) {
+    const Tensor in = random_on(on, {rows, T, C}, 1.0f), grad = random_on(on, {rows, T, C}, 0.01f);
+    const Tensor tokens = tokens_on(on, rows);
     for (const int tp : tps) {
       for (int rank = 0; rank < tp; ++rank) {
         const TensorParallel group{rank, tp, nothing, nothing};
-        Gpt embedding(config, on, GptRange{true, 0, 0, false}, rows, T, group, block.policy());
-        Gpt tp_block(config, on, GptRange{false, 0, 1, false}, rows, T, group, block.policy());
-        Gpt tp_head(config, on, GptRange{false, config.n_layer, config.n_layer, true}, rows, T, group, head.policy());
+        Gpt embedding(config, on, GptRange{true, 0, 0, false}, rows, T, group, policy);
+        Gpt tp_block(config, on, GptRange{false, 0, 1, false}, rows, T, group, policy);
+        Gpt tp_head(config, on, GptRange{false, config.n_layer, config.n_layer, true}, rows, T, group, policy);
         for (Gpt* part : {&embedding, &tp_block, &tp_head}) part->init(1);
         for (int round = 0; round <= options.rounds; ++round) {
           embedding.forward(tokens);
@@ -371,6 +379,42 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       }
     }
   }
+  // A block and the head whole, on a TP group's first rank (the row-parallel biases; no all-reduces: the cost model
+  // adds them apart), at every TP degree the chip may run, at the micro-batch's rows and at those
+  // the GEMMs were: what the cost model's composition of their kernels misses, as a factor (ChipType::
+  // part_corrections; on 2026-12-05 its composition put a slow chip's block at 1 sequence 13% above the block timed,
+  // right at 8 sequences, and h2 calibrate's one factor per chip fitted at 1 then missed a run at 8 by 24%:
+  // docs/pipeline.md). On the chip itself: an emulated one paced as training will pace them (timed unpaced, over its
+  // speed, a slow chip's ran 4% above what the run then took), so only with the reference that lists their kernels
+  // (without it, the chip is still learning their work), and after the warm-up one timed round (its pace does not
+  // vary; the slow chip's head at 8 sequences takes 8 s).
+  const auto time_parts = [&](int rows, int tp, int rounds) {
+    const TensorParallel group{0, tp, nothing, nothing};
+    Gpt tp_block(config, dev, GptRange{false, 0, 1, false}, rows, T, group, policy);
+    Gpt tp_head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, rows, T, group, policy);
+    tp_block.init(1);
+    tp_head.init(1);
+    const Tensor in = random({rows, T, C}, 1.0f), grad = random({rows, T, C}, 0.01f);
+    const Tensor tokens = tokens_on(dev, rows);
+    std::vector<double> block_s, part_head_s;
+    for (int round = 0; round <= rounds; ++round) {
+      const double b = timed([&] {
+        tp_block.forward(in);
+        tp_block.backward(grad);
+      });
+      const double h = timed([&] {
+        tp_head.forward(in);
+        tp_head.loss(tokens);
+        tp_head.backward();
+      });
+      if (round > 0) block_s.push_back(b), part_head_s.push_back(h);
+    }
+    m.parts.push_back({static_cast<double>(tp), static_cast<double>(rows) * T, least(block_s), least(part_head_s)});
+  };
+  for (const int tp : all_tps) time_parts(B, tp, options.rounds);
+  for (int rows = 2 * B; rows <= options.max_rows && (!spec.emu || reference); rows *= 2) {
+    for (const int tp : all_tps) time_parts(rows, tp, spec.emu ? 1 : options.rounds);
+  }
   dev.synchronize();
   m.kernel_work = emu_least_work(dev);
   if (unpaced) m.kernel_work.merge(emu_least_work(*unpaced));  // the paced chip's least work where both ran a key
@@ -385,8 +429,7 @@ std::vector<double> measurement_figures(const ChipMeasurement& m) {
                            m.matmul_flops,
                            m.attention_flops,
                            m.memory_gbps,
-                           m.layer_s,
-                           m.head_s,
+                           static_cast<double>(m.parts.size()),
                            m.recompute_s,
                            m.attention_forward_flops,
                            m.matmul_forward_speedup,
@@ -395,6 +438,7 @@ std::vector<double> measurement_figures(const ChipMeasurement& m) {
                            m.matmul_element_s[2],
                            m.matmul_fit_error,
                            m.elementwise_gbps};
+  for (const ChipMeasurement::PartTiming& p : m.parts) f.insert(f.end(), {p.tp, p.rows, p.block_s, p.head_s});
   for (const GemmTiming& g : m.gemms) f.insert(f.end(), {g.rows, g.k, g.n, g.seconds});
   return f;
 }
@@ -402,18 +446,18 @@ std::vector<double> measurement_figures(const ChipMeasurement& m) {
 ChipMeasurement measurement_of(const std::vector<double>& f) {
   ChipMeasurement m{.kernel_overhead_s = f[0],
                     .matmul_flops = f[1],
-                    .matmul_element_s = {f[9], f[10], f[11]},
-                    .matmul_fit_error = f[12],
+                    .matmul_element_s = {f[8], f[9], f[10]},
+                    .matmul_fit_error = f[11],
                     .attention_flops = f[2],
-                    .attention_forward_flops = f[7],
+                    .attention_forward_flops = f[6],
                     .memory_gbps = f[3],
-                    .layer_s = f[4],
-                    .head_s = f[5],
-                    .recompute_s = f[6],
-                    .matmul_forward_speedup = f[8],
-                    .elementwise_gbps = f[13]};
-  for (size_t i = std::size(kMeasurementFigures); i + 3 < f.size(); i += 4)
-    m.gemms.push_back({f[i], f[i + 1], f[i + 2], f[i + 3]});
+                    .recompute_s = f[5],
+                    .matmul_forward_speedup = f[7],
+                    .elementwise_gbps = f[12]};
+  size_t i = std::size(kMeasurementFigures);
+  for (size_t p = 0; p < static_cast<size_t>(f[4]) && i + 3 < f.size(); ++p, i += 4)
+    m.parts.push_back({f[i], f[i + 1], f[i + 2], f[i + 3]});
+  for (; i + 3 < f.size(); i += 4) m.gemms.push_back({f[i], f[i + 1], f[i + 2], f[i + 3]});
   return m;
 }
 
@@ -559,8 +603,8 @@ LinkMeasurement measure_link(Communicator& world, const Cluster& cluster, const 
   return LinkMeasurement{result[0], std::max(result[1], result[2]), result[2]};
 }
 
-Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips,
-                         const LinkMeasurement& link) {
+Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips, const LinkMeasurement& link,
+                         const TransformerShape& shape, Precision precision) {
   Cluster out = cluster.with_emulation_kept();
   out.name = cluster.name + "-profiled";
   out.figures = Figures::kProfiled;
@@ -583,6 +627,22 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     t.memory_efficiency = 1.0;
     t.elementwise_gbps = m.elementwise_gbps;
     t.kernel_overhead_us = m.kernel_overhead_s * 1e6;
+    t.part_corrections.clear();  // set below, against the figures above
+  }
+  // Each part timed over its kernels as the cost model composes them from those figures (the parts' all-reduces
+  // were not timed: ops_s leaves them out).
+  const CostModel composing(out, shape, TrainSetup{.precision = precision, .h2_runtime = true});
+  for (const ChipMeasurement& m : chips) {
+    const int k = out.chip_index(m.chip);
+    std::vector<ChipType::PartCorrection> corrections;
+    for (const ChipMeasurement::PartTiming& p : m.parts) {
+      const auto [block, head] = composed_parts(composing, k, p);
+      corrections.push_back({p.tp, p.rows, p.block_s / block, p.head_s / head});
+    }
+    std::sort(corrections.begin(), corrections.end(), [](const auto& a, const auto& b) {
+      return std::pair{a.tp, a.rows} < std::pair{b.tp, b.rows};
+    });
+    out.chips[static_cast<size_t>(k)].part_corrections = std::move(corrections);
   }
   if (link.bandwidth_gbps > 0) {
     for (NodeGroup& g : out.groups) {
@@ -779,24 +839,33 @@ void profile_cluster(const ProfileJob& job) {
 
   const LinkMeasurement link{j["bandwidth_gbps"].get<double>(), j["latency_us"].get<double>(),
                              j["idle_latency_us"].get<double>()};
-  const Cluster profiled = profiled_cluster(cluster, chips, link);
+  const Cluster profiled = profiled_cluster(cluster, chips, link, shape, job.precision);
   // The figures, and a block's, the head's and selective recomputation's time measured beside what the cost model
-  // makes of them.
+  // composes for their kernels from them (before the part corrections, which make up the difference); then each
+  // part's correction at every TP degree and rows timed.
   const CostModel costs(profiled, shape,
                         TrainSetup{.global_batch = micro_batch, .precision = job.precision, .h2_runtime = true});
-  std::printf("%-10s %6s %9s %10s %7s %10s %9s %9s %21s %21s %23s\n", "chip", "speed", "kernel us", "GEMM GF/s",
-              "fwd x", "attn GF/s", "mem GB/s", "elem GB/s", "block ms (predicted)", "head ms (predicted)",
+  std::printf("%-10s %6s %9s %10s %7s %10s %9s %9s %20s %20s %23s\n", "chip", "speed", "kernel us", "GEMM GF/s",
+              "fwd x", "attn GF/s", "mem GB/s", "elem GB/s", "block ms (composed)", "head ms (composed)",
               "recompute ms (predicted)");
   for (const ChipMeasurement& m : chips) {
     const int k = profiled.chip_index(m.chip);
+    const ChipMeasurement::PartTiming& first = m.parts.front();  // TP 1, the micro-batch's rows
+    const auto [block, head] = composed_parts(costs, k, first);
     const double none = costs.layer_backward_s(k, 1, micro_batch, Recompute::kNone);
-    const double block = costs.layer_forward_s(k, 1, micro_batch) + none;
-    const double head = costs.head_forward_s(k, 1, micro_batch) + costs.head_backward_s(k, 1, micro_batch);
     const double recompute = costs.layer_backward_s(k, 1, micro_batch, Recompute::kSelective) - none;
-    std::printf("%-10s %6.2f %9.1f %10.2f %7.2f %10.2f %9.2f %9.2f %9.2f (%9.2f) %9.2f (%9.2f) %11.2f (%9.2f)\n",
+    std::printf("%-10s %6.2f %9.1f %10.2f %7.2f %10.2f %9.2f %9.2f %9.2f (%8.2f) %9.2f (%8.2f) %11.2f (%9.2f)\n",
                 m.chip.c_str(), m.speed, m.kernel_overhead_s * 1e6, m.matmul_flops / 1e9, m.matmul_forward_speedup,
-                m.attention_flops / 1e9, m.memory_gbps, m.elementwise_gbps, m.layer_s * 1e3, block * 1e3,
-                m.head_s * 1e3, head * 1e3, m.recompute_s * 1e3, recompute * 1e3);
+                m.attention_flops / 1e9, m.memory_gbps, m.elementwise_gbps, first.block_s * 1e3, block * 1e3,
+                first.head_s * 1e3, head * 1e3, m.recompute_s * 1e3, recompute * 1e3);
+  }
+  for (const ChipType& t : profiled.chips) {
+    if (t.part_corrections.empty()) continue;
+    std::string line = t.name + " block, head measured / composed:";
+    for (const ChipType::PartCorrection& p : t.part_corrections)
+      line += format(" TP %.0f at %.0f rows %.2f, %.2f;", p.tp, p.rows, p.block, p.head);
+    line.back() = '\n';
+    std::fputs(line.c_str(), stdout);
   }
   for (const ChipMeasurement& m : chips) {
     std::printf(

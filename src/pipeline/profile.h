@@ -9,13 +9,14 @@
 // element-wise kernels' rate (the bytes the cost model counts for a block's and the head's over their time); and
 // the optimizer step's rate (norm, clipping, AdamW) as the memory bandwidth that makes the cost model's optimizer
 // formula (40 bytes of traffic per f32 parameter) true. A block's forward + backward and the head's are measured whole
-// too, and printed beside what the cost model predicts from those figures. Per link: DiComm latency from 8-byte
-// all-reduces of every pair of ranks at once after a GEMM each (a message under the job's load: with more processes
-// than cores, the wait for a partner to get a core back) and bandwidth from 32 MiB all-reduces likewise, applied to
-// every link and NIC of the cluster (on one host they are all the same path). `h2 profile` runs one process per device;
-// each chip type is measured on the first of them that has it while the others sleep (an emulated chip counts a
-// kernel's work as the least its shapes have done, without other ranks in the host's caches: device/emu/device.h), and
-// the links with every process at once.
+// too, at every TP degree the chip may run (and, as the GEMMs, at more rows), printed beside what the cost model
+// composes for their kernels from those figures, and kept as its corrections (ChipType::part_corrections). Per link:
+// DiComm latency from 8-byte all-reduces of every pair of ranks at once after a GEMM each (a message under the job's
+// load: with more processes than cores, the wait for a partner to get a core back) and bandwidth from 32 MiB
+// all-reduces likewise, applied to every link and NIC of the cluster (on one host they are all the same path). `h2
+// profile` runs one process per device; each chip type is measured on the first of them that has it while the others
+// sleep (an emulated chip counts a kernel's work as the least its shapes have done, without other ranks in the host's
+// caches: device/emu/device.h), and the links with every process at once.
 #pragma once
 
 #include <array>
@@ -46,8 +47,12 @@ struct ChipMeasurement {
   double attention_flops = 0;          // the attention core's backward
   double attention_forward_flops = 0;  // its forward
   double memory_gbps = 0;  // the optimizer step's rate as the memory bandwidth the cost model's formula needs
-  double layer_s = 0;      // measured whole: one block, forward + backward, one micro-batch
-  double head_s = 0;       // the head, forward + loss + backward
+  // Measured whole: a block (forward + backward) and the head (forward, loss, backward) at TP degree tp over rows
+  // rows; the first at TP 1 and the micro-batch's rows.
+  struct PartTiming {
+    double tp = 1, rows = 0, block_s = 0, head_s = 0;
+  };
+  std::vector<PartTiming> parts;
   // What selective recomputation adds to a block's backward: the attention core's forward as the model times it.
   double recompute_s = 0;
   // The GEMMs' forwards' rate over forward and backward's together (planner/spec.h's matmul_forward_speedup).
@@ -56,13 +61,13 @@ struct ChipMeasurement {
   KernelWork kernel_work;       // an emulated chip's: the least work each kernel shape did (device/emu/device.h)
 };
 
-// The figures in a fixed order (for sending them between ranks): these, then each GEMM's rows, k, n and seconds.
+// The figures in a fixed order (for sending them between ranks): these, then each part's tp, rows, block and head
+// seconds, then each GEMM's rows, k, n and seconds.
 inline constexpr const char* kMeasurementFigures[] = {"kernel_overhead_s",
                                                       "matmul_flops",
                                                       "attention_flops",
                                                       "memory_gbps",
-                                                      "layer_s",
-                                                      "head_s",
+                                                      "part_count",
                                                       "recompute_s",
                                                       "attention_forward_flops",
                                                       "matmul_forward_speedup",
@@ -97,7 +102,8 @@ struct LinkMeasurement {
 // is the reference, with the least work of each kernel it does not list. With `max_rows`, the model's GEMMs are also
 // timed at twice, 8 times, ... the micro-batch's rows up to `max_rows` sequences (an emulated chip's on an unpaced
 // copy of it, over its speed; kept in gemms, not fitted) and, without a reference, an emulated chip learns the work
-// of a stage's kernels at twice, 4 times, ... them.
+// of a stage's kernels at twice, 4 times, ... them; a block and the head are timed whole at those rows on the chip
+// (an emulated one's only with a reference: paced as training paces them).
 struct MeasureOptions {
   int rounds = 3;
   double min_seconds = 0;
@@ -121,9 +127,10 @@ double latency_under_load_s(const std::vector<double>& alone_with);
 
 // The cluster with the measured figures in place of the datasheet's. The GEMM rate measured (in the precision
 // profiled) stands for the chip's peak in both precisions: a profile is for training in its own precision. Each
-// chip type's kernel_work is its measurement's.
-Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips,
-                         const LinkMeasurement& link);
+// chip type's kernel_work is its measurement's, and its part_corrections each part's time over what the cost model
+// composes for its kernels from those figures (`shape` in `precision`).
+Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasurement>& chips, const LinkMeasurement& link,
+                         const TransformerShape& shape, Precision precision);
 
 // The whole measurement, as `h2 profile` runs it: one process per device (at most 16; each chip type keeps its
 // share), started with h2 launch's machinery by `rank_command` (the arguments that make a process call

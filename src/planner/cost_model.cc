@@ -85,22 +85,29 @@ double CostModel::tp_allreduce_s(int chip, int tp, int b) const {
   return ring_allreduce_s(bytes, tp, g.intra_node_gbps, g.intra_node_latency_us);
 }
 
+// A block's and the head's kernels take the profile's correction for the whole part (ChipType::part_corrections);
+// their all-reduces do not (the profile timed the parts without them).
+double CostModel::part_factor(int chip, int tp, int b, bool head) const {
+  return cluster_.chips[static_cast<size_t>(chip)].part_correction(tp, static_cast<double>(b) * model_.seq_len, head);
+}
+
 double CostModel::layer_forward_s(int chip, int tp, int b) const {
   const double e = k_.bytes.activation, w = k_.bytes.weight;
-  return ops_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false)) + 2 * tp_allreduce_s(chip, tp, b);
+  return ops_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false)) * part_factor(chip, tp, b, false) +
+         2 * tp_allreduce_s(chip, tp, b);
 }
 
 double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
   const double e = k_.bytes.activation, w = k_.bytes.weight;
-  double s = ops_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, true)) + 2 * tp_allreduce_s(chip, tp, b);
-  if (r == Recompute::kFull) {
-    s += layer_forward_s(chip, tp, b);  // the whole forward again, its TP all-reduces too
-  } else if (r == Recompute::kSelective) {
+  double kernels = ops_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, true));
+  if (r == Recompute::kSelective) {
     // Only the attention core again (Korthikanti et al. 2022): the forward's attention kernel.
     for (const OpWork& op : block_ops(model_, b, model_.seq_len, tp, e, w, false)) {
-      if (op.kind == OpClass::kAttentionForward) s += op_s(chip, op);
+      if (op.kind == OpClass::kAttentionForward) kernels += op_s(chip, op);
     }
   }
+  double s = kernels * part_factor(chip, tp, b, false) + 2 * tp_allreduce_s(chip, tp, b);
+  if (r == Recompute::kFull) s += layer_forward_s(chip, tp, b);  // the whole forward again, its TP all-reduces too
   return s;
 }
 
@@ -120,12 +127,15 @@ double CostModel::embedding_backward_s(int chip, int tp, int b) const {
 double CostModel::head_forward_s(int chip, int tp, int b) const {
   const NodeGroup& g = cluster_.group_of(chip);
   const double stats = 3 * ring_allreduce_s(4.0 * b * model_.seq_len, tp, g.intra_node_gbps, g.intra_node_latency_us);
-  return ops_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false)) + stats;
+  return ops_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false)) *
+             part_factor(chip, tp, b, true) +
+         stats;
 }
 
 // Twice the forward's matmul work, then the head's input gradient summed over the TP group.
 double CostModel::head_backward_s(int chip, int tp, int b) const {
-  return ops_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true)) +
+  return ops_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true)) *
+             part_factor(chip, tp, b, true) +
          tp_allreduce_s(chip, tp, b);
 }
 

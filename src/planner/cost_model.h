@@ -96,7 +96,8 @@ class CostModel {
   double step_model_flops() const;
 
  private:
-  double tp_allreduce_s(int chip, int tp, int b) const;  // one all-reduce of a (b, T, hidden) activation
+  double tp_allreduce_s(int chip, int tp, int b) const;          // one all-reduce of a (b, T, hidden) activation
+  double part_factor(int chip, int tp, int b, bool head) const;  // ChipType::part_correction at b sequences
 
   Cluster cluster_;
   TransformerShape model_;

@@ -56,6 +56,21 @@ std::array<double, N> number_list(const ConfigNode& node, const char* shape, boo
   return x;
 }
 
+// Linear in rows between the nearest entries at or under `rows` and over it among those `matches` takes, held beyond
+// them; 1 without any.
+template <typename Entry, typename Matches, typename Value>
+double interpolated_in_rows(const std::vector<Entry>& entries, double rows, Matches matches, Value value) {
+  const Entry* below = nullptr;
+  const Entry* above = nullptr;
+  for (const Entry& e : entries) {
+    if (!matches(e)) continue;
+    if (e.rows <= rows && (!below || e.rows > below->rows)) below = &e;
+    if (e.rows > rows && (!above || e.rows < above->rows)) above = &e;
+  }
+  if (!below || !above) return below ? value(*below) : above ? value(*above) : 1.0;
+  return value(*below) + (value(*above) - value(*below)) * (rows - below->rows) / (above->rows - below->rows);
+}
+
 }  // namespace
 
 int Cluster::chip_index(const std::string& n) const {
@@ -125,15 +140,17 @@ Cluster Cluster::without_device(int chip) const {
 }
 
 double ChipType::gemm_correction(double rows, double k, double n) const {
-  const GemmCorrection* below = nullptr;  // the nearest timed rows at or under `rows`, and over it
-  const GemmCorrection* above = nullptr;
-  for (const GemmCorrection& c : matmul_corrections) {
-    if (std::abs(c.k - k) >= 1 || std::abs(c.n - n) >= 1) continue;  // the cost model's V / tp is not whole
-    if (c.rows <= rows && (!below || c.rows > below->rows)) below = &c;
-    if (c.rows > rows && (!above || c.rows < above->rows)) above = &c;
-  }
-  if (!below || !above) return below ? below->ratio : above ? above->ratio : 1.0;
-  return below->ratio + (above->ratio - below->ratio) * (rows - below->rows) / (above->rows - below->rows);
+  return interpolated_in_rows(
+      matmul_corrections, rows,
+      // the cost model's V / tp is not whole
+      [&](const GemmCorrection& c) { return std::abs(c.k - k) < 1 && std::abs(c.n - n) < 1; },
+      [](const GemmCorrection& c) { return c.ratio; });
+}
+
+double ChipType::part_correction(int tp, double rows, bool head) const {
+  return interpolated_in_rows(
+      part_corrections, rows, [&](const PartCorrection& c) { return c.tp == tp; },
+      [&](const PartCorrection& c) { return head ? c.head : c.block; });
 }
 
 // Written with yaml-cpp's emitter, which quotes what needs quoting (a vendor named "Acme, Inc."), in the flow
@@ -173,6 +190,12 @@ std::string cluster_to_yaml(const Cluster& c) {
       y << YAML::Key << "matmul_corrections" << YAML::Value << YAML::Flow << YAML::BeginSeq;
       for (const ChipType::GemmCorrection& g : t.matmul_corrections)
         y << YAML::Flow << YAML::BeginSeq << g.rows << g.k << g.n << g.ratio << YAML::EndSeq;
+      y << YAML::EndSeq;
+    }
+    if (!t.part_corrections.empty()) {
+      y << YAML::Key << "part_corrections" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (const ChipType::PartCorrection& p : t.part_corrections)
+        y << YAML::Flow << YAML::BeginSeq << p.tp << p.rows << p.block << p.head << YAML::EndSeq;
       y << YAML::EndSeq;
     }
     if (t.attention_efficiency > 0) y << YAML::Key << "attention_efficiency" << YAML::Value << t.attention_efficiency;
@@ -270,6 +293,17 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
       t.matmul_corrections.push_back({x[0], x[1], x[2], x[3]});
     }
   }
+  if (auto list = n.find("part_corrections")) {
+    t.part_corrections.clear();
+    for (const ConfigNode& e : list->items()) {
+      const auto x = number_list<4>(e,
+                                    "is [tp, rows, block ratio, head ratio]: a TP degree and rows h2 profile timed a "
+                                    "block and the head at, and their times over their kernels' composed",
+                                    false);
+      if (x[0] != std::floor(x[0])) e.items()[0].fail(cat("must be a whole TP degree, got ", x[0]));
+      t.part_corrections.push_back({x[0], x[1], x[2], x[3]});
+    }
+  }
   number("memory_gib", t.memory_gib, !base);
   number("memory_bandwidth_gbps", t.memory_bandwidth_gbps, !base);
   fraction("memory_efficiency", t.memory_efficiency);
@@ -317,6 +351,7 @@ Cluster load_cluster(const ConfigNode& root) {
                   "matmul_element_ns",
                   "matmul_forward_speedup",
                   "matmul_corrections",
+                  "part_corrections",
                   "attention_efficiency",
                   "attention_forward_efficiency",
                   "memory_gib",

@@ -544,6 +544,12 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
                                       4 * T, " rows within")));
   EXPECT_THAT(r.output, HasSubstr("; 20 GEMMs timed in all)"));
   EXPECT_EQ(fast.matmul_corrections.size(), 20u);
+  // A block and the head timed whole at TP 1 (one device a node) and one sequence, kept as their time over what the
+  // kernel figures compose, and printed.
+  ASSERT_EQ(fast.part_corrections.size(), 1u);
+  EXPECT_EQ(fast.part_corrections[0].tp, 1);
+  EXPECT_EQ(fast.part_corrections[0].rows, T);
+  EXPECT_THAT(r.output, HasSubstr(cat("fast block, head measured / composed: TP 1 at ", T, " rows ")));
   for (double ns : fast.matmul_element_ns) EXPECT_GE(ns, 0.0);
   EXPECT_GT(fast.elementwise_gbps, 0.0);
   EXPECT_FALSE(std::filesystem::exists(out + ".ranks.json"));
@@ -565,6 +571,13 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   EXPECT_EQ(std::count_if(bf16_fast.matmul_corrections.begin(), bf16_fast.matmul_corrections.end(),
                           [&](const ChipType::GemmCorrection& g) { return g.rows == 2 * T && g.ratio > 0; }),
             10);
+  // and the parts at 2 and 4 times the micro-batch's rows.
+  ASSERT_EQ(bf16_fast.part_corrections.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(bf16_fast.part_corrections[static_cast<size_t>(i)].rows, (1 << i) * T);
+    EXPECT_GT(bf16_fast.part_corrections[static_cast<size_t>(i)].block, 0.0);
+    EXPECT_GT(bf16_fast.part_corrections[static_cast<size_t>(i)].head, 0.0);
+  }
   // Two devices of each type: the second of each waits while the first measures, and only the first's figures
   // count (a waiting rank's would be zeros).
   std::string four = read_file(cluster_);
@@ -577,7 +590,8 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   for (const ChipType& chip : load_cluster(ConfigNode::load_file(out)).chips) {
     EXPECT_GT(chip.peak_tflops, 0.0) << chip.name;
     EXPECT_GT(chip.memory_bandwidth_gbps, 0.0) << chip.name;
-    EXPECT_FALSE(chip.kernel_work.empty()) << chip.name;  // each type's kernels' work, for the runs to pace to
+    EXPECT_FALSE(chip.kernel_work.empty()) << chip.name;       // each type's kernels' work, for the runs to pace to
+    EXPECT_EQ(chip.part_corrections.size(), 2u) << chip.name;  // TP 1 and 2
   }
   // A run on the profiled figures paces its chips to that work: each rank reports how the host ran the listed
   // kernels against the profile — a ratio of two timings, never exactly 1 once a listed kernel has run. One

@@ -9,6 +9,7 @@
 #include "model/gpt.h"
 #include "ops/ops.h"
 #include "pipeline/hetero_train.h"
+#include "planner/cost_model.h"
 #include "train/optimizer.h"
 
 namespace h2 {
@@ -31,6 +32,11 @@ std::vector<GemmTiming> timed(double rate, double a, double b, double c) {
     }
   }
   return out;
+}
+
+TransformerShape small() {
+  return TransformerShape{
+      .layers = 4, .hidden = 256, .heads = 4, .kv_heads = 4, .ffn = 1024, .vocab = 50257, .seq_len = 256};
 }
 
 TEST(MatmulFit, RecoversTheRateAndElementsCostsOfItsOwnForm) {
@@ -60,22 +66,33 @@ TEST(MatmulFit, FewerThanFourGemmsGiveTheirRateAlone) {
   EXPECT_EQ(fit.element_s, (std::array<double, 3>{}));
 }
 
+// One chip type c, `per_node` devices on one node (5 GB/s links without latency), and a measurement of it whose
+// GEMMs took exactly the fit's form (`timed`).
+Cluster one_chip(int per_node) {
+  return load_cluster(ConfigNode::parse_string(
+      cat("name: one\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: "
+          "8}\ngroups:\n  - {chip: c, nodes: 1, chips_per_node: ",
+          per_node, ", intra_node_gbps: 5, intra_node_latency_us: 0, nic_gbps: 5}\n"),
+      "one.yaml"));
+}
+ChipMeasurement measured_c() {
+  ChipMeasurement m{
+      .chip = "c", .matmul_flops = 240e9, .matmul_element_s = {0.5e-9, 1.25e-9, 0.65e-9}, .memory_gbps = 8};
+  m.gemms = timed(240e9, 0.5e-9, 1.25e-9, 0.65e-9);
+  return m;
+}
+
 // The profiled cluster keeps each GEMM's time over what the fitted rate and elements' costs give it: GEMMs of the
 // fit's own form but for the TP-2 head at 1,024 rows, which took 1.3 times its form — its correction 1.3 there
 // (the file rounds to 6 digits), 1 at 256 rows, 1.15 halfway; every other shape 1.
 TEST(ProfiledCluster, KeepsEachGemmsTimeOverTheFits) {
-  const Cluster cluster = load_cluster(ConfigNode::parse_string(
-      "name: one\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
-      "groups:\n  - {chip: c, nodes: 1, chips_per_node: 1, intra_node_gbps: 5, nic_gbps: 5}\n",
-      "one.yaml"));
-  ChipMeasurement m{
-      .chip = "c", .matmul_flops = 240e9, .matmul_element_s = {0.5e-9, 1.25e-9, 0.65e-9}, .memory_gbps = 8};
-  m.gemms = timed(240e9, 0.5e-9, 1.25e-9, 0.65e-9);
+  const Cluster cluster = one_chip(1);
+  ChipMeasurement m = measured_c();
   for (GemmTiming& g : m.gemms) {
     if (g.rows == 1024 && g.n == 25128) g.seconds *= 1.3;
   }
-  const Cluster out = load_cluster(
-      ConfigNode::parse_string(cluster_to_yaml(profiled_cluster(cluster, {m}, LinkMeasurement{})), "out.yaml"));
+  const Cluster out = load_cluster(ConfigNode::parse_string(
+      cluster_to_yaml(profiled_cluster(cluster, {m}, LinkMeasurement{}, small(), Precision::kF32)), "out.yaml"));
   const ChipType& c = out.chips.front();
   ASSERT_EQ(c.matmul_corrections.size(), m.gemms.size());
   EXPECT_NEAR(c.gemm_correction(1024, 256, 25128), 1.3, 1e-5);
@@ -83,6 +100,37 @@ TEST(ProfiledCluster, KeepsEachGemmsTimeOverTheFits) {
   EXPECT_NEAR(c.gemm_correction(256, 256, 25128), 1.0, 1e-5);
   EXPECT_NEAR(c.gemm_correction(1024, 256, 50257), 1.0, 1e-5);
   EXPECT_NEAR(c.gemm_correction(2048, 128, 256), 1.0, 1e-5);
+}
+
+// The profiled cluster's cost model predicts each part as the profile timed it: a block's forward and backward and
+// the head's at each TP degree and rows timed (at TP 1 without all-reduces: one device), whatever its kernel figures
+// compose; between the rows timed, between the two.
+TEST(ProfiledCluster, PredictsTheBlockAndHeadAsTimed) {
+  const Cluster cluster = one_chip(2);
+  ChipMeasurement m = measured_c();
+  m.elementwise_gbps = 20;
+  m.attention_flops = m.attention_forward_flops = 50e9;
+  m.kernel_overhead_s = 20e-6;
+  m.parts = {{1, 256, 0.080, 0.250}, {1, 2048, 0.500, 1.600}, {2, 256, 0.050, 0.140}};
+  const Cluster out = load_cluster(ConfigNode::parse_string(
+      cluster_to_yaml(profiled_cluster(cluster, {m}, LinkMeasurement{}, small(), Precision::kF32)), "out.yaml"));
+  const CostModel costs(out, small(), TrainSetup{.global_batch = 8, .precision = Precision::kF32});
+  const auto block = [&](int tp, int b) {
+    return costs.layer_forward_s(0, tp, b) + costs.layer_backward_s(0, tp, b, Recompute::kNone);
+  };
+  const auto head = [&](int tp, int b) { return costs.head_forward_s(0, tp, b) + costs.head_backward_s(0, tp, b); };
+  EXPECT_NEAR(block(1, 1), 0.080, 1e-6);
+  EXPECT_NEAR(head(1, 1), 0.250, 1e-6);
+  EXPECT_NEAR(block(1, 8), 0.500, 1e-6);
+  EXPECT_NEAR(head(1, 8), 1.600, 1e-6);
+  const double between = block(1, 4);
+  EXPECT_GT(between, 0.080);
+  EXPECT_LT(between, 0.500);
+  // TP 2: what was timed and its all-reduces (a block's four of 256 x 256 f32 over 5 GB/s; the head's three of the
+  // loss's 256 x 3 f32 statistics and its input gradient), which the cost model adds to the kernels.
+  const double activation = 256.0 * 256 * 4 / 5e9, stats = 256.0 * 4 / 5e9;
+  EXPECT_NEAR(block(2, 1), 0.050 + 4 * activation, 1e-6);
+  EXPECT_NEAR(head(2, 1), 0.140 + 3 * stats + activation, 1e-6);
 }
 
 // h2 profile measures one rank of each chip type at a time, in rank order, each pass over all of them: ranks of
@@ -156,6 +204,24 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRo
   const std::vector<uint64_t> two = stage_kernels(shape, 2, false), three = stage_kernels(shape, 3, false);
   EXPECT_LT(listed(one, two), static_cast<long>(two.size())) << "without max_rows, two sequences' kernels listed";
   EXPECT_LT(listed(upto4, three), static_cast<long>(three.size())) << "three sequences' kernels listed";
+  // And it times a block and the head whole at TP 1 and 2 (two devices a node), at one sequence (8 rows) and, with
+  // max_rows 4 and a reference that lists their kernels (paced as training paces them), at 2 and 4 sequences too.
+  const auto timed_at = [](const ChipMeasurement& m) {
+    std::vector<std::pair<double, double>> at;
+    for (const ChipMeasurement::PartTiming& p : m.parts) {
+      EXPECT_GT(p.block_s, 0.0);
+      EXPECT_GT(p.head_s, 0.0);
+      at.emplace_back(p.tp, p.rows);
+    }
+    std::sort(at.begin(), at.end());
+    return at;
+  };
+  using At = std::vector<std::pair<double, double>>;
+  EXPECT_EQ(timed_at(one), (At{{1, 8}, {2, 8}}));
+  EXPECT_EQ(timed_at(upto4), (At{{1, 8}, {2, 8}}));
+  const ChipMeasurement paced =
+      measure_chip(cluster, "c", shape, 1, Precision::kF32, {.reference = &upto4.kernel_work, .max_rows = 4});
+  EXPECT_EQ(timed_at(paced), (At{{1, 8}, {1, 16}, {1, 32}, {2, 8}, {2, 16}, {2, 32}}));
 }
 
 // The latency under load, worked by hand. Pair (0, 1): GEMMs alone 10 and 12 ms, with the all-reduce 13 and 14 ms:

@@ -265,6 +265,53 @@ TEST(CostModel, AProfiledGemmTakesItsShapesCorrection) {
       HasSubstr("field 'chips[0].matmul_corrections[0]': is [rows, k, n, ratio]"));
 }
 
+// A profiled chip's block and head take their kernels' composition times the correction its profile kept for the
+// whole part at that TP degree, interpolated linearly in rows (held beyond), and the all-reduces as before. X with
+// corrections at TP 1: block 0.5, head 2 at 1,024 rows (one sequence), block 1 and head 1 at 4,096: at one sequence
+// a block half the figures' and the head twice; at two sequences (2,048 rows, a third of the way) 2/3 and 5/3; at 8
+// sequences both the figures'; at TP 2 (not timed) the figures' alone. Recomputation's kernels are the block's.
+TEST(CostModel, AProfiledBlockAndHeadTakeTheirPartsCorrection) {
+  const Cluster plain = cluster_of(kSmallCluster);
+  Cluster c = plain;
+  c.chips[0].part_corrections = {{1, 4096, 1.0, 1.0}, {1, 1024, 0.5, 2.0}};
+  const TrainSetup setup{.global_batch = 8};
+  const CostModel before(plain, small_model(4), setup), after(c, small_model(4), setup);
+  EXPECT_DOUBLE_EQ(after.layer_forward_s(0, 1, 1), 0.5 * before.layer_forward_s(0, 1, 1));
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    EXPECT_DOUBLE_EQ(after.layer_backward_s(0, 1, 1, r), 0.5 * before.layer_backward_s(0, 1, 1, r));
+  }
+  EXPECT_DOUBLE_EQ(after.head_forward_s(0, 1, 1), 2 * before.head_forward_s(0, 1, 1));
+  EXPECT_DOUBLE_EQ(after.head_backward_s(0, 1, 1), 2 * before.head_backward_s(0, 1, 1));
+  EXPECT_DOUBLE_EQ(after.layer_forward_s(0, 1, 2), 2.0 / 3 * before.layer_forward_s(0, 1, 2));
+  EXPECT_DOUBLE_EQ(after.head_backward_s(0, 1, 2), 5.0 / 3 * before.head_backward_s(0, 1, 2));
+  EXPECT_DOUBLE_EQ(after.layer_forward_s(0, 1, 8), before.layer_forward_s(0, 1, 8));
+  EXPECT_DOUBLE_EQ(after.head_forward_s(0, 1, 8), before.head_forward_s(0, 1, 8));
+  EXPECT_DOUBLE_EQ(after.layer_forward_s(0, 2, 1), before.layer_forward_s(0, 2, 1));
+  EXPECT_DOUBLE_EQ(after.layer_forward_s(1, 1, 1), before.layer_forward_s(1, 1, 1));  // Y: none kept
+  // At TP 2 the block's TP all-reduces (two per direction) are not corrected: a correction of 0.5 there halves the
+  // kernels alone. Y's at TP 2: 1,024 x 2,048 bf16 activations, 4 MiB, ring of two over 50 GB/s: 2 x 1/2 x 4 MiB,
+  // and two messages' latency (the default's).
+  c.chips[1].part_corrections = {{2, 1024, 0.5, 1.0}};
+  const CostModel tp2(c, small_model(4), setup);
+  const double all_reduce = 4194304.0 / 50e9 + 2 * c.group_of(1).intra_node_latency_us * 1e-6;
+  EXPECT_NEAR(tp2.layer_forward_s(1, 2, 1), 0.5 * (before.layer_forward_s(1, 2, 1) - 2 * all_reduce) + 2 * all_reduce,
+              1e-12);
+  // Written and read back; a TP degree that is not whole, or an entry short of four numbers, is refused naming it.
+  const Cluster back = load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "written.yaml"));
+  ASSERT_EQ(back.chips[0].part_corrections.size(), 2u);
+  EXPECT_EQ(back.chips[0].part_corrections[1].rows, 1024);
+  EXPECT_EQ(back.chips[0].part_corrections[1].head, 2.0);
+  EXPECT_EQ(back.chips[1].part_corrections[0].tp, 2);
+  EXPECT_TRUE(back.chips[2].part_corrections.empty());
+  const std::string chip = "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1, ";
+  EXPECT_THAT(
+      error_of([&] { cluster_of(chip + "part_corrections: [[1.5, 256, 1, 1]]}\ngroups: []\n"); }, ErrorCode::kConfig),
+      HasSubstr("field 'chips[0].part_corrections[0][0]': must be a whole TP degree, got 1.5"));
+  EXPECT_THAT(
+      error_of([&] { cluster_of(chip + "part_corrections: [[1, 256, 1]]}\ngroups: []\n"); }, ErrorCode::kConfig),
+      HasSubstr("field 'chips[0].part_corrections[0]': is [tp, rows, block ratio, head ratio]"));
+}
+
 // Element-wise and row-wise kernels run at elementwise_gbps where a profile measured it (a CPU's caches), else at
 // the memory's achievable bandwidth (X: 1,000 GB/s x 0.8); the optimizer always streams at the latter.
 TEST(CostModel, ElementwiseKernelsTakeTheirOwnBandwidth) {
