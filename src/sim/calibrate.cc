@@ -330,12 +330,21 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
              m.forward_s + m.backward_s});
       }
     }
-    fit(cat(c.chips[ci].name, " compute (forward + backward)"), terms, [ci](Cluster& x, double k) {
-      x.chips[ci].peak_tflops *= k;
-      x.chips[ci].peak_tflops_f32 *= k;
-      x.chips[ci].kernel_overhead_us /= k;
-      for (double& ns : x.chips[ci].matmul_element_ns) ns /= k;
-      x.chips[ci].elementwise_gbps *= k;
+    // A chip whose profile timed its blocks and head whole (part_corrections) has its kernels' time at each TP
+    // degree and rows measured: what a run adds to them, slower, is per kernel (dispatch, a TP partner's late
+    // wake-up), which does not grow with the rows, so it is fitted as the fixed per-kernel cost alone. (On
+    // 2026-12-05 the rates scaled by the uniform split's one-sequence stages, 0.89-0.94, put the slow chips alone at
+    // two sequences a micro-batch 4-8% above what they then measured; docs/pipeline.md.) A run faster than the
+    // profile had a faster host: every rate.
+    const bool parts_timed = !c.chips[ci].part_corrections.empty();
+    fit(cat(c.chips[ci].name, " compute (forward + backward)"), terms, [ci, parts_timed](Cluster& x, double k) {
+      ChipType& t = x.chips[ci];
+      t.kernel_overhead_us /= k;
+      if (parts_timed && k < 1) return;
+      t.peak_tflops *= k;
+      t.peak_tflops_f32 *= k;
+      for (double& ns : t.matmul_element_ns) ns /= k;
+      t.elementwise_gbps *= k;
     });
   }
   const Plan after = recost(c);

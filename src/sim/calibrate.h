@@ -9,7 +9,9 @@
 //      reaches it last (the other end's includes waiting for it), with its DP part as step 2 predicts it;
 //   4. a chip type's compute (its peak rates up, its fixed per-kernel cost down, by one factor), from its
 //      stages' forward and backward per micro-batch, which include their tensor-parallel all-reduces — in a stage
-//      whose replicas mix chip types, from its replicas of that type alone.
+//      whose replicas mix chip types, from its replicas of that type alone. A chip whose profile timed its block
+//      and head whole (ChipType::part_corrections), measured slower than predicted: its fixed per-kernel cost
+//      alone (what a run adds to kernels whose times the profile measured at every rows).
 // A stage whose replicas mix chip types fits only compute: its optimizer steps and its ring are those of several
 // types at once. A coefficient that no scale in [1e-3, 1e3] brings to the measurement (a floor the figure does not
 // move: the fixed costs of the optimizer's kernels) is left as it was, and said so.

@@ -260,6 +260,41 @@ TEST(Calibrate, TheHeadAloneFitsItsChipsCompute) {
   EXPECT_NEAR(c.cluster.chips[1].peak_tflops / start.chips[1].peak_tflops, 1, 1e-3);
 }
 
+// A chip whose profile timed its parts whole (part_corrections): a run slower than predicted raises its fixed
+// per-kernel cost and leaves its rates (a run whose kernels paid three times Y's 20 us fits 60 us, peak unchanged);
+// a run faster than predicted scales its rates as any chip's (Y at twice its peak fits x2).
+TEST(Calibrate, AProfiledChipsSlowerRunIsItsPerKernelCost) {
+  std::string text = kCluster;
+  text.replace(text.find("memory_bandwidth_gbps: 500, kernel_overhead_us: 0"),
+               std::string("memory_bandwidth_gbps: 500, kernel_overhead_us: 0").size(),
+               "memory_bandwidth_gbps: 500, elementwise_gbps: 400, kernel_overhead_us: 20, "
+               "part_corrections: [[1, 2048, 1, 1]]");
+  const Cluster start = cluster_of(text);
+  const std::vector<Layout::Slot> stages = {{.chip = 1, .tp = 1, .dp = 2}, {.chip = 2, .tp = 1, .dp = 2}};
+  const Plan plan = costed(start, stages, {2, 2});
+  // The truth's forward and backward on Y; everything else as planned.
+  const auto run_of = [&](const Cluster& truth) {
+    Plan run = plan;
+    const Plan truth_plan = costed(truth, stages, {2, 2});
+    run.stages[0].forward_s = truth_plan.stages[0].forward_s;
+    run.stages[0].backward_s = truth_plan.stages[0].backward_s;
+    return read_measured_run(synthetic_trace(run), plan, simulate(run).step_s, "synthetic");
+  };
+  Cluster slower = start;
+  slower.chips[1].kernel_overhead_us = 60;
+  const Calibration c = calibrate(plan, start, run_of(slower));
+  EXPECT_NEAR(c.cluster.chips[1].kernel_overhead_us, 60, 0.06);
+  EXPECT_EQ(c.cluster.chips[1].peak_tflops, start.chips[1].peak_tflops);
+  EXPECT_EQ(c.cluster.chips[1].elementwise_gbps, start.chips[1].elementwise_gbps);
+  Cluster faster = start;
+  faster.chips[1].peak_tflops *= 2;
+  faster.chips[1].kernel_overhead_us /= 2;
+  faster.chips[1].elementwise_gbps *= 2;
+  const Calibration f = calibrate(plan, start, run_of(faster));
+  EXPECT_NEAR(f.cluster.chips[1].peak_tflops / start.chips[1].peak_tflops, 2, 2e-3);
+  EXPECT_NEAR(f.cluster.chips[1].kernel_overhead_us, 10, 0.01);
+}
+
 // A stage whose replicas mix chip types: each type's compute is fitted from its own replicas (X's planted at half
 // its figure, Y's right), not from the stage's mean over all of them, and the all-reduce from the last to arrive
 // (Y's replicas wait 7 ms for X's in the trace). Before 2026-12-04 a 16-device run's mixed stage fitted one chip's
