@@ -627,6 +627,7 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     t.memory_efficiency = 1.0;
     t.elementwise_gbps = m.elementwise_gbps;
     t.kernel_overhead_us = m.kernel_overhead_s * 1e6;
+    t.run_kernel_us = 0;         // a run's, which h2 calibrate fits on top of this profile
     t.part_corrections.clear();  // set below, against the figures above
   }
   // Each part timed over its kernels as the cost model composes them from those figures (the parts' all-reduces

@@ -91,22 +91,27 @@ double CostModel::part_factor(int chip, int tp, int b, bool head) const {
   return cluster_.chips[static_cast<size_t>(chip)].part_correction(tp, static_cast<double>(b) * model_.seq_len, head);
 }
 
+double CostModel::stage_kernels_s(int chip, const std::vector<OpWork>& ops, double correction) const {
+  return ops_s(chip, ops) * correction +
+         static_cast<double>(ops.size()) * cluster_.chips[static_cast<size_t>(chip)].run_kernel_us * 1e-6;
+}
+
 double CostModel::layer_forward_s(int chip, int tp, int b) const {
   const double e = k_.bytes.activation, w = k_.bytes.weight;
-  return ops_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false)) * part_factor(chip, tp, b, false) +
+  return stage_kernels_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false), part_factor(chip, tp, b, false)) +
          2 * tp_allreduce_s(chip, tp, b);
 }
 
 double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
   const double e = k_.bytes.activation, w = k_.bytes.weight;
-  double kernels = ops_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, true));
+  std::vector<OpWork> kernels = block_ops(model_, b, model_.seq_len, tp, e, w, true);
   if (r == Recompute::kSelective) {
     // Only the attention core again (Korthikanti et al. 2022): the forward's attention kernel.
     for (const OpWork& op : block_ops(model_, b, model_.seq_len, tp, e, w, false)) {
-      if (op.kind == OpClass::kAttentionForward) kernels += op_s(chip, op);
+      if (op.kind == OpClass::kAttentionForward) kernels.push_back(op);
     }
   }
-  double s = kernels * part_factor(chip, tp, b, false) + 2 * tp_allreduce_s(chip, tp, b);
+  double s = stage_kernels_s(chip, kernels, part_factor(chip, tp, b, false)) + 2 * tp_allreduce_s(chip, tp, b);
   if (r == Recompute::kFull) s += layer_forward_s(chip, tp, b);  // the whole forward again, its TP all-reduces too
   return s;
 }
@@ -114,12 +119,14 @@ double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
 // The vocabulary-parallel embedding (model/gpt.h): each TP rank gathers its rows (memory-bound: the (b, T, hidden)
 // output written once), then the group sums the outputs. Its backward scatters the gradient into the rows.
 double CostModel::embedding_forward_s(int chip, int tp, int b) const {
-  return ops_s(chip, embedding_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false)) +
+  return stage_kernels_s(chip,
+                         embedding_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false)) +
          tp_allreduce_s(chip, tp, b);
 }
 
 double CostModel::embedding_backward_s(int chip, int tp, int b) const {
-  return ops_s(chip, embedding_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true));
+  return stage_kernels_s(chip,
+                         embedding_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true));
 }
 
 // The head's logits over this rank's vocabulary columns; under TP the loss's per-row statistics (three f32 per
@@ -127,15 +134,15 @@ double CostModel::embedding_backward_s(int chip, int tp, int b) const {
 double CostModel::head_forward_s(int chip, int tp, int b) const {
   const NodeGroup& g = cluster_.group_of(chip);
   const double stats = 3 * ring_allreduce_s(4.0 * b * model_.seq_len, tp, g.intra_node_gbps, g.intra_node_latency_us);
-  return ops_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false)) *
-             part_factor(chip, tp, b, true) +
+  return stage_kernels_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false),
+                         part_factor(chip, tp, b, true)) +
          stats;
 }
 
 // Twice the forward's matmul work, then the head's input gradient summed over the TP group.
 double CostModel::head_backward_s(int chip, int tp, int b) const {
-  return ops_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true)) *
-             part_factor(chip, tp, b, true) +
+  return stage_kernels_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true),
+                         part_factor(chip, tp, b, true)) +
          tp_allreduce_s(chip, tp, b);
 }
 

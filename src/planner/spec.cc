@@ -207,6 +207,7 @@ std::string cluster_to_yaml(const Cluster& c) {
       << "kernel_overhead_us" << YAML::Value << t.kernel_overhead_us << YAML::Key << "host_link_gbps" << YAML::Value
       << t.host_link_gbps;
     if (t.elementwise_gbps > 0) y << YAML::Key << "elementwise_gbps" << YAML::Value << t.elementwise_gbps;
+    if (t.run_kernel_us > 0) y << YAML::Key << "run_kernel_us" << YAML::Value << t.run_kernel_us;
     if (t.backend != "emu") y << YAML::Key << "backend" << YAML::Value << t.backend;
     if (t.emulation_tflops > 0) y << YAML::Key << "emulation_tflops" << YAML::Value << t.emulation_tflops;
     y << YAML::EndMap;
@@ -309,6 +310,7 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
   fraction("memory_efficiency", t.memory_efficiency);
   t.elementwise_gbps = non_negative_number(n, "elementwise_gbps", t.elementwise_gbps);
   t.kernel_overhead_us = non_negative_number(n, "kernel_overhead_us", t.kernel_overhead_us);
+  t.run_kernel_us = non_negative_number(n, "run_kernel_us", t.run_kernel_us);
   number("host_link_gbps", t.host_link_gbps, false);
   t.emulation_tflops = non_negative_number(n, "emulation_tflops", t.emulation_tflops);
   if (auto b = n.find("backend")) {
@@ -359,6 +361,7 @@ Cluster load_cluster(const ConfigNode& root) {
                   "memory_efficiency",
                   "elementwise_gbps",
                   "kernel_overhead_us",
+                  "run_kernel_us",
                   "host_link_gbps",
                   "backend",
                   "emulation_tflops"});

@@ -66,7 +66,12 @@ struct ChipType {
   // block's tensors where the optimizer streams from memory (`h2 profile` measures both).
   double elementwise_gbps = 0;
   double kernel_overhead_us = 5;  // the fixed cost of each kernel (launch and dispatch), microseconds
-  double host_link_gbps = 25;     // device <-> host (PCIe), GB/s: the path of host-staged transfers
+  // What a pipeline run adds to each forward and backward kernel of a stage beyond what the profile timed (a
+  // tensor-parallel partner's late wake-up, dispatch under load), microseconds: `h2 calibrate` fits it for a chip
+  // whose profile timed its parts (part_corrections) and whose run was slower. Not the optimizer's kernels, which every
+  // rank runs at once, nor scaled by a part's correction.
+  double run_kernel_us = 0;
+  double host_link_gbps = 25;  // device <-> host (PCIe), GB/s: the path of host-staged transfers
   // What runs this chip type in `h2 train --cluster` and `h2 profile` on the host that runs the job: "emu" (the
   // default: an emulation paced to its figures), "cpu" (this host's cores, unpaced) or "cuda" (the host's GPU).
   std::string backend = "emu";

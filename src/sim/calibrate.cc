@@ -332,15 +332,21 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
     }
     // A chip whose profile timed its blocks and head whole (part_corrections) has its kernels' time at each TP
     // degree and rows measured: what a run adds to them, slower, is per kernel (dispatch, a TP partner's late
-    // wake-up), which does not grow with the rows, so it is fitted as the fixed per-kernel cost alone. (On
-    // 2026-12-05 the rates scaled by the uniform split's one-sequence stages, 0.89-0.94, put the slow chips alone at
-    // two sequences a micro-batch 4-8% above what they then measured; docs/pipeline.md.) A run faster than the
-    // profile had a faster host: every rate.
+    // wake-up), which does not grow with the rows, so it is fitted as what a run adds to each forward and backward
+    // kernel (run_kernel_us: the fixed cost per kernel, with it, scaled by 1/k) — not the optimizer's, which the run
+    // measured as its profile (until 2026-12-06 the fixed cost itself grew, and with it the optimizer's prediction:
+    // 1.47x its measurement on the built-in example's fast stage). (On 2026-12-05 the rates scaled by the uniform
+    // split's one-sequence stages, 0.89-0.94, put the slow chips alone at two sequences a micro-batch 4-8% above
+    // what they then measured; docs/pipeline.md.) A run faster than the profile had a faster host: every rate.
     const bool parts_timed = !c.chips[ci].part_corrections.empty();
     fit(cat(c.chips[ci].name, " compute (forward + backward)"), terms, [ci, parts_timed](Cluster& x, double k) {
       ChipType& t = x.chips[ci];
+      if (parts_timed && k < 1) {
+        t.run_kernel_us += (t.kernel_overhead_us + t.run_kernel_us) * (1 / k - 1);
+        return;
+      }
       t.kernel_overhead_us /= k;
-      if (parts_timed && k < 1) return;
+      t.run_kernel_us /= k;
       t.peak_tflops *= k;
       t.peak_tflops_f32 *= k;
       for (double& ns : t.matmul_element_ns) ns /= k;

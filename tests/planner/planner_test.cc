@@ -312,6 +312,46 @@ TEST(CostModel, AProfiledBlockAndHeadTakeTheirPartsCorrection) {
       HasSubstr("field 'chips[0].part_corrections[0]': is [tp, rows, block ratio, head ratio]"));
 }
 
+// What a run adds to each kernel (run_kernel_us, fitted by h2 calibrate) is charged once to every forward and backward
+// kernel of a stage, beside the part's correction rather than scaled by it, and not to the optimizer. Counted by hand
+// from gpt.cc: a block runs 10 kernels forward (ln_1, c_attn, attention, c_proj, residual, ln_2, c_fc, GELU, c_proj,
+// residual) and 10 backward, 11 with selective recomputation (the attention core again), 20 with full (the forward
+// again); the embedding one each way; the head ln_f, the logits and the loss forward, the logits' and ln_f's backward.
+TEST(CostModel, ARunsPerKernelCostIsChargedToEachStageKernelNotTheOptimizers) {
+  const Cluster plain = cluster_of(kSmallCluster);
+  Cluster c = plain;
+  c.chips[0].part_corrections = {{1, 1024, 0.5, 2.0}};
+  Cluster with_run = c;
+  with_run.chips[0].run_kernel_us = 100;
+  const TrainSetup setup{.global_batch = 8};
+  const CostModel before(c, small_model(4), setup), after(with_run, small_model(4), setup);
+  const double us = 100e-6;
+  EXPECT_NEAR(after.layer_forward_s(0, 1, 1), before.layer_forward_s(0, 1, 1) + 10 * us, 1e-12);
+  EXPECT_NEAR(after.layer_backward_s(0, 1, 1, Recompute::kNone),
+              before.layer_backward_s(0, 1, 1, Recompute::kNone) + 10 * us, 1e-12);
+  EXPECT_NEAR(after.layer_backward_s(0, 1, 1, Recompute::kSelective),
+              before.layer_backward_s(0, 1, 1, Recompute::kSelective) + 11 * us, 1e-12);
+  EXPECT_NEAR(after.layer_backward_s(0, 1, 1, Recompute::kFull),
+              before.layer_backward_s(0, 1, 1, Recompute::kFull) + 20 * us, 1e-12);
+  EXPECT_NEAR(after.embedding_forward_s(0, 1, 1), before.embedding_forward_s(0, 1, 1) + us, 1e-12);
+  EXPECT_NEAR(after.embedding_backward_s(0, 1, 1), before.embedding_backward_s(0, 1, 1) + us, 1e-12);
+  EXPECT_NEAR(after.head_forward_s(0, 1, 1), before.head_forward_s(0, 1, 1) + 3 * us, 1e-12);
+  EXPECT_NEAR(after.head_backward_s(0, 1, 1), before.head_backward_s(0, 1, 1) + 2 * us, 1e-12);
+  EXPECT_DOUBLE_EQ(after.optimizer_s(0, 2, 1e6, 12), before.optimizer_s(0, 2, 1e6, 12));
+  EXPECT_DOUBLE_EQ(after.layer_forward_s(1, 1, 1), before.layer_forward_s(1, 1, 1));  // Y: none
+  EXPECT_DOUBLE_EQ(load_cluster(ConfigNode::parse_string(cluster_to_yaml(with_run), "w.yaml")).chips[0].run_kernel_us,
+                   100);
+  EXPECT_EQ(cluster_to_yaml(plain).find("run_kernel_us"), std::string::npos);  // written only where fitted
+  EXPECT_THAT(error_of(
+                  [&] {
+                    cluster_of(
+                        "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1, "
+                        "run_kernel_us: -1}\ngroups: []\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("chips[0].run_kernel_us"));
+}
+
 // Element-wise and row-wise kernels run at elementwise_gbps where a profile measured it (a CPU's caches), else at
 // the memory's achievable bandwidth (X: 1,000 GB/s x 0.8); the optimizer always streams at the latter.
 TEST(CostModel, ElementwiseKernelsTakeTheirOwnBandwidth) {

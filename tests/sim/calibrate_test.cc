@@ -281,11 +281,19 @@ TEST(Calibrate, AProfiledChipsSlowerRunIsItsPerKernelCost) {
     return read_measured_run(synthetic_trace(run), plan, simulate(run).step_s, "synthetic");
   };
   Cluster slower = start;
-  slower.chips[1].kernel_overhead_us = 60;
+  slower.chips[1].run_kernel_us = 40;
   const Calibration c = calibrate(plan, start, run_of(slower));
-  EXPECT_NEAR(c.cluster.chips[1].kernel_overhead_us, 60, 0.06);
+  EXPECT_NEAR(c.cluster.chips[1].run_kernel_us, 40, 0.06);
+  EXPECT_EQ(c.cluster.chips[1].kernel_overhead_us, 20);
   EXPECT_EQ(c.cluster.chips[1].peak_tflops, start.chips[1].peak_tflops);
   EXPECT_EQ(c.cluster.chips[1].elementwise_gbps, start.chips[1].elementwise_gbps);
+  // The optimizer's kernels, which the run measured as planned, keep their prediction (until 2026-12-06 the fit
+  // raised the fixed cost of every kernel, the optimizer's too).
+  for (const CalibrationRow& r : c.rows) {
+    if (r.what.find("optimizer") != std::string::npos) {
+      EXPECT_NEAR(r.after_s, r.measured_s, 1e-9) << r.what;
+    }
+  }
   Cluster faster = start;
   faster.chips[1].peak_tflops *= 2;
   faster.chips[1].kernel_overhead_us /= 2;
