@@ -379,9 +379,12 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       }
     }
   }
-  // A block and the head whole, on a TP group's first rank (the row-parallel biases; no all-reduces: the cost model
-  // adds them apart), at every TP degree the chip may run, at the micro-batch's rows and at those
-  // the GEMMs were: what the cost model's composition of their kernels misses, as a factor (ChipType::
+  // A block and the head whole, on each rank of a TP group (no all-reduces: the cost model adds them apart) — the
+  // slowest's time, which the group waits for at each all-reduce (2026-12-06: timed on the first rank alone, a fast
+  // TP-2 head stage ran 1.10x its prediction, its second rank's kernels 13% more work, paced, than the first's, the
+  // first waiting 35 ms a micro-batch for it inside the loss's all-reduces) —, at every TP degree the chip may run,
+  // at the micro-batch's rows and at those the GEMMs were: what the cost model's composition of their kernels
+  // misses, as a factor (ChipType::
   // part_corrections; on 2026-12-05 its composition put a slow chip's block at 1 sequence 13% above the block timed,
   // right at 8 sequences, and h2 calibrate's one factor per chip fitted at 1 then missed a run at 8 by 24%:
   // docs/pipeline.md). On the chip itself: an emulated one paced as training will pace them (timed unpaced, over its
@@ -389,27 +392,32 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   // (without it, the chip is still learning their work), and after the warm-up one timed round (its pace does not
   // vary; the slow chip's head at 8 sequences takes 8 s).
   const auto time_parts = [&](int rows, int tp, int rounds) {
-    const TensorParallel group{0, tp, nothing, nothing};
-    Gpt tp_block(config, dev, GptRange{false, 0, 1, false}, rows, T, group, policy);
-    Gpt tp_head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, rows, T, group, policy);
-    tp_block.init(1);
-    tp_head.init(1);
     const Tensor in = random({rows, T, C}, 1.0f), grad = random({rows, T, C}, 0.01f);
     const Tensor tokens = tokens_on(dev, rows);
-    std::vector<double> block_s, part_head_s;
-    for (int round = 0; round <= rounds; ++round) {
-      const double b = timed([&] {
-        tp_block.forward(in);
-        tp_block.backward(grad);
-      });
-      const double h = timed([&] {
-        tp_head.forward(in);
-        tp_head.loss(tokens);
-        tp_head.backward();
-      });
-      if (round > 0) block_s.push_back(b), part_head_s.push_back(h);
+    ChipMeasurement::PartTiming part{.tp = static_cast<double>(tp), .rows = static_cast<double>(rows) * T};
+    for (int rank = 0; rank < tp; ++rank) {
+      const TensorParallel group{rank, tp, nothing, nothing};
+      Gpt tp_block(config, dev, GptRange{false, 0, 1, false}, rows, T, group, policy);
+      Gpt tp_head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, rows, T, group, policy);
+      tp_block.init(1);
+      tp_head.init(1);
+      std::vector<double> block_s, part_head_s;
+      for (int round = 0; round <= rounds; ++round) {
+        const double b = timed([&] {
+          tp_block.forward(in);
+          tp_block.backward(grad);
+        });
+        const double h = timed([&] {
+          tp_head.forward(in);
+          tp_head.loss(tokens);
+          tp_head.backward();
+        });
+        if (round > 0) block_s.push_back(b), part_head_s.push_back(h);
+      }
+      part.block_s = std::max(part.block_s, least(block_s));
+      part.head_s = std::max(part.head_s, least(part_head_s));
     }
-    m.parts.push_back({static_cast<double>(tp), static_cast<double>(rows) * T, least(block_s), least(part_head_s)});
+    m.parts.push_back(part);
   };
   for (const int tp : all_tps) time_parts(B, tp, options.rounds);
   for (int rows = 2 * B; rows <= options.max_rows && (!spec.emu || reference); rows *= 2) {

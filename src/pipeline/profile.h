@@ -48,7 +48,7 @@ struct ChipMeasurement {
   double attention_forward_flops = 0;  // its forward
   double memory_gbps = 0;  // the optimizer step's rate as the memory bandwidth the cost model's formula needs
   // Measured whole: a block (forward + backward) and the head (forward, loss, backward) at TP degree tp over rows
-  // rows; the first at TP 1 and the micro-batch's rows.
+  // rows, each the slowest of the TP group's ranks; the first at TP 1 and the micro-batch's rows.
   struct PartTiming {
     double tp = 1, rows = 0, block_s = 0, head_s = 0;
   };

@@ -224,6 +224,56 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRo
   EXPECT_EQ(timed_at(paced), (At{{1, 8}, {1, 16}, {1, 32}, {2, 8}, {2, 16}, {2, 32}}));
 }
 
+// The kernels the head runs (forward, loss, backward) on TP rank `rank` of `size`, one per launch.
+std::vector<uint64_t> head_kernels(const TransformerShape& shape, int rank, int size) {
+  const GptConfig config = gpt_config_of(shape);
+  KeyRecorder dev(size_t{64} << 20);
+  const Tensor x = dev.zeros(DType::kF32, {1, config.seq_len, config.n_embd});
+  const Tensor targets = dev.zeros(DType::kI32, {1, config.seq_len});
+  const auto nothing = [](const Tensor&) {};
+  Gpt head(config, dev, GptRange{false, 1, 1, true}, 1, config.seq_len, TensorParallel{rank, size, nothing, nothing});
+  head.init(1);
+  head.forward(x);
+  head.loss(targets);
+  head.backward();
+  return dev.keys;
+}
+
+// A TP group waits at each all-reduce for its slowest rank, so h2 profile times a block and the head on every rank
+// and keeps the slowest. Here the second TP rank's own head kernels (101 tokens: its vocabulary shard is 51 rows to
+// the first's 50) are listed at 20 ms of work each, paced at the chip's speed 1: its head takes at least 20 ms a
+// launch, where the first rank's, at the small model's listed work, takes a fraction of a millisecond. Until
+// 2026-12-06 only the first rank was timed.
+TEST(ProfileParts, TimesEveryTensorParallelRankAndKeepsTheSlowest) {
+  const Cluster cluster = load_cluster(ConfigNode::parse_string(
+      "name: pair\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
+      "groups:\n  - {chip: c, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}\n",
+      "pair.yaml"));
+  const TransformerShape shape{
+      .layers = 1, .hidden = 32, .heads = 2, .kv_heads = 2, .ffn = 128, .vocab = 101, .seq_len = 8};
+  const ChipMeasurement learnt = measure_chip(cluster, "c", shape, /*micro_batch=*/1, Precision::kF32);
+  const std::vector<uint64_t> first = head_kernels(shape, 0, 2), second = head_kernels(shape, 1, 2);
+  KernelWork reference = learnt.kernel_work;
+  double slowest = 0;  // the second rank's head at the least its pacing allows
+  for (const uint64_t key : second) {
+    if (std::find(first.begin(), first.end(), key) != first.end()) continue;
+    reference[key] = 20e-3;
+    slowest += 20e-3;
+  }
+  ASSERT_GE(slowest, 40e-3) << "the second rank's head has too few kernels of its own";
+  const ChipMeasurement paced = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.reference = &reference});
+  const auto part = [&](double tp) {
+    for (const ChipMeasurement::PartTiming& p : paced.parts) {
+      if (p.tp == tp) return p;
+    }
+    ADD_FAILURE() << "no part timed at TP " << tp;
+    return ChipMeasurement::PartTiming{};
+  };
+  EXPECT_GE(part(2).head_s, 0.99 * slowest);
+  EXPECT_LT(part(1).head_s, 0.5 * slowest);  // TP 1: the whole vocabulary's kernels, none of them the second rank's
+  EXPECT_LT(part(2).block_s, 0.5 * slowest);
+}
+
 // The latency under load, worked by hand. Pair (0, 1): GEMMs alone 10 and 12 ms, with the all-reduce 13 and 14 ms:
 // the all-reduce ends 14 - 12 = 2 ms after the slower GEMM alone, two messages of 1 ms. Pair (2, 3): 20 and 20 ms,
 // 23 and 22 ms: 3 ms, 1.5 ms a message. The mean: 1.25 ms. A fifth rank, alone, has no pair and does not count.
