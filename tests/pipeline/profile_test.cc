@@ -140,10 +140,24 @@ TEST(ProfileTurns, TheFirstRankOfEachChipTypeOncePerPass) {
   EXPECT_EQ(measuring_turns({"slow", "fast", "slow"}, 1), (std::vector<int>{0, 1}));
 }
 
-// The kernels a stage runs at `rows` sequences at TP 1 and 2, on either TP rank (the first adds the row-parallel
-// biases; 101 tokens make uneven vocabulary shards): the embedding, a block and the head, forward and backward, and
-// with `optimizer` the optimizer step over their tensors.
-std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, bool optimizer) {
+// A node of two chips, and a one-block model whose 101 tokens make uneven vocabulary shards at TP 2 (50 and 51 rows).
+Cluster pair_cluster() {
+  return load_cluster(ConfigNode::parse_string(
+      "name: pair\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
+      "groups:\n  - {chip: c, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}\n",
+      "pair.yaml"));
+}
+
+TransformerShape one_block() {
+  return TransformerShape{.layers = 1, .hidden = 32, .heads = 2, .kv_heads = 2, .ffn = 128, .vocab = 101, .seq_len = 8};
+}
+
+// The kernels a stage runs at `rows` sequences, one per launch, on each TP rank of `ranks` ({rank, size}; by default
+// either rank at TP 1 and 2: the first adds the row-parallel biases): the embedding, a block and the head forward and
+// backward — with `head_only` the head alone —, and with `optimizer` the optimizer step over their tensors.
+std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, bool optimizer,
+                                    const std::vector<std::pair<int, int>>& ranks = {{0, 1}, {0, 2}, {1, 2}},
+                                    bool head_only = false) {
   const GptConfig config = gpt_config_of(shape);
   const int T = config.seq_len, C = config.n_embd;
   KeyRecorder dev(size_t{64} << 20);
@@ -151,16 +165,18 @@ std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, boo
   const Tensor targets = dev.zeros(DType::kI32, {rows, T});
   const auto nothing = [](const Tensor&) {};
   const Tensor acc = dev.zeros(DType::kF32, {1});
-  for (const auto& [rank, size] : {std::pair{0, 1}, {0, 2}, {1, 2}}) {
+  for (const auto& [rank, size] : ranks) {
     const TensorParallel tp{rank, size, nothing, nothing};
     Gpt embedding(config, dev, GptRange{true, 0, 0, false}, rows, T, tp);
     Gpt block(config, dev, GptRange{false, 0, 1, false}, rows, T, tp);
     Gpt head(config, dev, GptRange{false, 1, 1, true}, rows, T, tp);
     for (Gpt* part : {&embedding, &block, &head}) part->init(1);
-    embedding.forward(targets);
-    embedding.backward(dout);
-    block.forward(x);
-    block.backward(dout);
+    if (!head_only) {
+      embedding.forward(targets);
+      embedding.backward(dout);
+      block.forward(x);
+      block.backward(dout);
+    }
     head.forward(x);
     head.loss(targets);
     head.backward();
@@ -178,12 +194,8 @@ std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, boo
 // sequence), the optimizer step's included, is in the measurement's kernel_work with positive work; with max_rows 4,
 // also those at 2 and 4 sequences (not 3: the rows double), which without it it does not list.
 TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRows) {
-  const Cluster cluster = load_cluster(ConfigNode::parse_string(
-      "name: pair\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
-      "groups:\n  - {chip: c, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}\n",
-      "pair.yaml"));
-  const TransformerShape shape{
-      .layers = 1, .hidden = 32, .heads = 2, .kv_heads = 2, .ffn = 128, .vocab = 101, .seq_len = 8};
+  const Cluster cluster = pair_cluster();
+  const TransformerShape shape = one_block();
   const ChipMeasurement one = measure_chip(cluster, "c", shape, /*micro_batch=*/1, Precision::kF32),
                         upto4 = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.max_rows = 4});
   const auto expect_listed = [](const ChipMeasurement& m, const std::vector<uint64_t>& keys, const char* what) {
@@ -224,35 +236,17 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRo
   EXPECT_EQ(timed_at(paced), (At{{1, 8}, {1, 16}, {1, 32}, {2, 8}, {2, 16}, {2, 32}}));
 }
 
-// The kernels the head runs (forward, loss, backward) on TP rank `rank` of `size`, one per launch.
-std::vector<uint64_t> head_kernels(const TransformerShape& shape, int rank, int size) {
-  const GptConfig config = gpt_config_of(shape);
-  KeyRecorder dev(size_t{64} << 20);
-  const Tensor x = dev.zeros(DType::kF32, {1, config.seq_len, config.n_embd});
-  const Tensor targets = dev.zeros(DType::kI32, {1, config.seq_len});
-  const auto nothing = [](const Tensor&) {};
-  Gpt head(config, dev, GptRange{false, 1, 1, true}, 1, config.seq_len, TensorParallel{rank, size, nothing, nothing});
-  head.init(1);
-  head.forward(x);
-  head.loss(targets);
-  head.backward();
-  return dev.keys;
-}
-
 // A TP group waits at each all-reduce for its slowest rank, so h2 profile times a block and the head on every rank
 // and keeps the slowest. Here the second TP rank's own head kernels (101 tokens: its vocabulary shard is 51 rows to
 // the first's 50) are listed at 20 ms of work each, paced at the chip's speed 1: its head takes at least 20 ms a
 // launch, where the first rank's, at the small model's listed work, takes a fraction of a millisecond. Until
 // 2026-12-06 only the first rank was timed.
 TEST(ProfileParts, TimesEveryTensorParallelRankAndKeepsTheSlowest) {
-  const Cluster cluster = load_cluster(ConfigNode::parse_string(
-      "name: pair\nchips:\n  - {name: c, peak_tflops: 0.2, efficiency: 0.5, memory_gib: 1, memory_bandwidth_gbps: 8}\n"
-      "groups:\n  - {chip: c, nodes: 1, chips_per_node: 2, intra_node_gbps: 5, nic_gbps: 5}\n",
-      "pair.yaml"));
-  const TransformerShape shape{
-      .layers = 1, .hidden = 32, .heads = 2, .kv_heads = 2, .ffn = 128, .vocab = 101, .seq_len = 8};
+  const Cluster cluster = pair_cluster();
+  const TransformerShape shape = one_block();
   const ChipMeasurement learnt = measure_chip(cluster, "c", shape, /*micro_batch=*/1, Precision::kF32);
-  const std::vector<uint64_t> first = head_kernels(shape, 0, 2), second = head_kernels(shape, 1, 2);
+  const std::vector<uint64_t> first = stage_kernels(shape, 1, false, {{0, 2}}, /*head_only=*/true),
+                              second = stage_kernels(shape, 1, false, {{1, 2}}, /*head_only=*/true);
   KernelWork reference = learnt.kernel_work;
   double slowest = 0;  // the second rank's head at the least its pacing allows
   for (const uint64_t key : second) {
