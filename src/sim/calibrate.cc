@@ -339,6 +339,7 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
     // split's one-sequence stages, 0.89-0.94, put the slow chips alone at two sequences a micro-batch 4-8% above
     // what they then measured; docs/pipeline.md.) A run faster than the profile had a faster host: every rate.
     const bool parts_timed = !c.chips[ci].part_corrections.empty();
+    const double run_before = c.chips[ci].run_kernel_us;
     fit(cat(c.chips[ci].name, " compute (forward + backward)"), terms, [ci, parts_timed](Cluster& x, double k) {
       ChipType& t = x.chips[ci];
       if (parts_timed && k < 1) {
@@ -352,6 +353,10 @@ Calibration calibrate(const Plan& plan, const Cluster& planned_on, const Measure
       for (double& ns : t.matmul_element_ns) ns /= k;
       t.elementwise_gbps *= k;
     });
+    if (c.chips[ci].run_kernel_us != run_before) {  // say what the factor became
+      out.fitted.back() += cat(": ", format("%.3g", c.chips[ci].run_kernel_us),
+                               " us a run adds to each forward and backward kernel (run_kernel_us)");
+    }
   }
   const Plan after = recost(c);
   for (size_t i = 0; i < p; ++i) {

@@ -284,6 +284,7 @@ TEST(Calibrate, AProfiledChipsSlowerRunIsItsPerKernelCost) {
   slower.chips[1].run_kernel_us = 40;
   const Calibration c = calibrate(plan, start, run_of(slower));
   EXPECT_NEAR(c.cluster.chips[1].run_kernel_us, 40, 0.06);
+  EXPECT_THAT(format_calibration(c), HasSubstr("40 us a run adds to each forward and backward kernel (run_kernel_us)"));
   EXPECT_EQ(c.cluster.chips[1].kernel_overhead_us, 20);
   EXPECT_EQ(c.cluster.chips[1].peak_tflops, start.chips[1].peak_tflops);
   EXPECT_EQ(c.cluster.chips[1].elementwise_gbps, start.chips[1].elementwise_gbps);
