@@ -238,7 +238,7 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRo
 
 // A TP group waits at each all-reduce for its slowest rank, so h2 profile times a block and the head on every rank
 // and keeps the slowest. Here the second TP rank's own head kernels (101 tokens: its vocabulary shard is 51 rows to
-// the first's 50) are listed at 20 ms of work each, paced at the chip's speed 1: its head takes at least 20 ms a
+// the first's 50) are listed at 40 ms of work each, paced at the chip's speed (0.4): its head takes at least 40 ms a
 // launch, where the first rank's, at the small model's listed work, takes a fraction of a millisecond. Until
 // 2026-12-06 only the first rank was timed.
 TEST(ProfileParts, TimesEveryTensorParallelRankAndKeepsTheSlowest) {
@@ -251,10 +251,10 @@ TEST(ProfileParts, TimesEveryTensorParallelRankAndKeepsTheSlowest) {
   double slowest = 0;  // the second rank's head at the least its pacing allows
   for (const uint64_t key : second) {
     if (std::find(first.begin(), first.end(), key) != first.end()) continue;
-    reference[key] = 20e-3;
-    slowest += 20e-3;
+    reference[key] = 40e-3;
+    slowest += 40e-3;
   }
-  ASSERT_GE(slowest, 40e-3) << "the second rank's head has too few kernels of its own";
+  ASSERT_GE(slowest, 80e-3) << "the second rank's head has too few kernels of its own";
   const ChipMeasurement paced = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.reference = &reference});
   const auto part = [&](double tp) {
     for (const ChipMeasurement::PartTiming& p : paced.parts) {
@@ -263,9 +263,11 @@ TEST(ProfileParts, TimesEveryTensorParallelRankAndKeepsTheSlowest) {
     ADD_FAILURE() << "no part timed at TP " << tp;
     return ChipMeasurement::PartTiming{};
   };
-  EXPECT_GE(part(2).head_s, 0.99 * slowest);
-  EXPECT_LT(part(1).head_s, 0.5 * slowest);  // TP 1: the whole vocabulary's kernels, none of them the second rank's
-  EXPECT_LT(part(2).block_s, 0.5 * slowest);
+  EXPECT_GE(part(2).head_s, slowest);  // paced at the chip's speed (below 1): at least the listed work
+  // TP 1: the whole vocabulary's kernels, none of them the second rank's; the block's neither (both under the host's
+  // load in a parallel test run took up to 49 ms where the TP-2 head sleeps at least 400: four kernels of its own).
+  EXPECT_LT(part(1).head_s, part(2).head_s);
+  EXPECT_LT(part(2).block_s, part(2).head_s);
 }
 
 // The latency under load, worked by hand. Pair (0, 1): GEMMs alone 10 and 12 ms, with the all-reduce 13 and 14 ms:
