@@ -66,18 +66,35 @@ std::vector<KernelWork> gather_kernel_work(Communicator& world, const KernelWork
   return all_work;
 }
 
-// A block's and the head's kernels (forward and backward) at a part timing's TP degree and rows, as the cost model
+// A block's and the head's kernels, forward and backward, at a part timing's TP degree and rows, as the cost model
 // composes them; without their all-reduces or the profile's part corrections.
-std::pair<double, double> composed_parts(const CostModel& costs, int chip, const ChipMeasurement::PartTiming& p) {
+struct ComposedParts {
+  double block_forward = 0, block_backward = 0, head_forward = 0, head_backward = 0;
+  double block() const { return block_forward + block_backward; }
+  double head() const { return head_forward + head_backward; }
+};
+ComposedParts composed_parts(const CostModel& costs, int chip, const ChipMeasurement::PartTiming& p) {
   const TransformerShape& shape = costs.model();
   const double e = costs.constants().bytes.activation, w = costs.constants().bytes.weight;
   const int b = static_cast<int>(std::lround(p.rows / shape.seq_len)), tp = static_cast<int>(p.tp);
-  double block = 0, head = 0;
-  for (bool backward : {false, true}) {
-    block += costs.ops_s(chip, block_ops(shape, b, shape.seq_len, tp, e, w, backward));
-    head += costs.ops_s(chip, head_ops(shape, b, shape.seq_len, tp, e, w, backward));
+  const auto block = [&](bool backward) {
+    return costs.ops_s(chip, block_ops(shape, b, shape.seq_len, tp, e, w, backward));
+  };
+  const auto head = [&](bool backward) {
+    return costs.ops_s(chip, head_ops(shape, b, shape.seq_len, tp, e, w, backward));
+  };
+  return {block(false), block(true), head(false), head(true)};
+}
+
+// A part's measured time over its composed, per direction: the forward's and the rest's when the forward was timed
+// apart, else the whole's for both.
+std::pair<double, double> part_ratios(double measured_s, double forward_s, double composed_forward,
+                                      double composed_backward) {
+  if (forward_s <= 0) {
+    const double whole = measured_s / (composed_forward + composed_backward);
+    return {whole, whole};
   }
-  return {block, head};
+  return {forward_s / composed_forward, (measured_s - forward_s) / composed_backward};
 }
 
 }  // namespace
@@ -379,8 +396,10 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       }
     }
   }
-  // A block and the head whole, on each rank of a TP group (no all-reduces: the cost model adds them apart) — the
-  // slowest's time, which the group waits for at each all-reduce (2026-12-06: timed on the first rank alone, a fast
+  // A block and the head whole, forward and backward apart (a run's two actions; timed together, the forward's share
+  // was the GEMMs' own, and a run's forwards came out 8-15% below their prediction on 2026-12-06), on each rank of a
+  // TP group (no all-reduces: the cost model adds them apart) — the slowest's time in each direction, which the group
+  // waits for at each all-reduce (2026-12-06: timed on the first rank alone, a fast
   // TP-2 head stage ran 1.10x its prediction, its second rank's kernels 13% more work, paced, than the first's, the
   // first waiting 35 ms a micro-batch for it inside the loss's all-reduces) —, at every TP degree the chip may run,
   // at the micro-batch's rows and at those the GEMMs were: what the cost model's composition of their kernels
@@ -395,28 +414,33 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     const Tensor in = random({rows, T, C}, 1.0f), grad = random({rows, T, C}, 0.01f);
     const Tensor tokens = tokens_on(dev, rows);
     ChipMeasurement::PartTiming part{.tp = static_cast<double>(tp), .rows = static_cast<double>(rows) * T};
+    std::array<double, 2> forwards{}, backwards{};  // block, head: the slowest rank's
     for (int rank = 0; rank < tp; ++rank) {
       const TensorParallel group{rank, tp, nothing, nothing};
       Gpt tp_block(config, dev, GptRange{false, 0, 1, false}, rows, T, group, policy);
       Gpt tp_head(config, dev, GptRange{false, config.n_layer, config.n_layer, true}, rows, T, group, policy);
       tp_block.init(1);
       tp_head.init(1);
-      std::vector<double> block_s, part_head_s;
+      std::vector<double> block_f, block_b, head_f, head_b;
       for (int round = 0; round <= rounds; ++round) {
-        const double b = timed([&] {
-          tp_block.forward(in);
-          tp_block.backward(grad);
-        });
-        const double h = timed([&] {
+        const double bf = timed([&] { tp_block.forward(in); });
+        const double bb = timed([&] { tp_block.backward(grad); });
+        const double hf = timed([&] {
           tp_head.forward(in);
           tp_head.loss(tokens);
-          tp_head.backward();
         });
-        if (round > 0) block_s.push_back(b), part_head_s.push_back(h);
+        const double hb = timed([&] { tp_head.backward(); });
+        if (round > 0) block_f.push_back(bf), block_b.push_back(bb), head_f.push_back(hf), head_b.push_back(hb);
       }
-      part.block_s = std::max(part.block_s, least(block_s));
-      part.head_s = std::max(part.head_s, least(part_head_s));
+      forwards[0] = std::max(forwards[0], least(block_f));
+      backwards[0] = std::max(backwards[0], least(block_b));
+      forwards[1] = std::max(forwards[1], least(head_f));
+      backwards[1] = std::max(backwards[1], least(head_b));
     }
+    part.block_forward_s = forwards[0];
+    part.block_s = forwards[0] + backwards[0];
+    part.head_forward_s = forwards[1];
+    part.head_s = forwards[1] + backwards[1];
     m.parts.push_back(part);
   };
   for (const int tp : all_tps) time_parts(B, tp, options.rounds);
@@ -446,7 +470,9 @@ std::vector<double> measurement_figures(const ChipMeasurement& m) {
                            m.matmul_element_s[2],
                            m.matmul_fit_error,
                            m.elementwise_gbps};
-  for (const ChipMeasurement::PartTiming& p : m.parts) f.insert(f.end(), {p.tp, p.rows, p.block_s, p.head_s});
+  for (const ChipMeasurement::PartTiming& p : m.parts) {
+    f.insert(f.end(), {p.tp, p.rows, p.block_s, p.head_s, p.block_forward_s, p.head_forward_s});
+  }
   for (const GemmTiming& g : m.gemms) f.insert(f.end(), {g.rows, g.k, g.n, g.seconds});
   return f;
 }
@@ -463,8 +489,8 @@ ChipMeasurement measurement_of(const std::vector<double>& f) {
                     .matmul_forward_speedup = f[7],
                     .elementwise_gbps = f[12]};
   size_t i = std::size(kMeasurementFigures);
-  for (size_t p = 0; p < static_cast<size_t>(f[4]) && i + 3 < f.size(); ++p, i += 4)
-    m.parts.push_back({f[i], f[i + 1], f[i + 2], f[i + 3]});
+  for (size_t p = 0; p < static_cast<size_t>(f[4]) && i + 5 < f.size(); ++p, i += 6)
+    m.parts.push_back({f[i], f[i + 1], f[i + 2], f[i + 3], f[i + 4], f[i + 5]});
   for (; i + 3 < f.size(); i += 4) m.gemms.push_back({f[i], f[i + 1], f[i + 2], f[i + 3]});
   return m;
 }
@@ -645,8 +671,12 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     const int k = out.chip_index(m.chip);
     std::vector<ChipType::PartCorrection> corrections;
     for (const ChipMeasurement::PartTiming& p : m.parts) {
-      const auto [block, head] = composed_parts(composing, k, p);
-      corrections.push_back({p.tp, p.rows, p.block_s / block, p.head_s / head});
+      const ComposedParts c = composed_parts(composing, k, p);
+      const auto [block_forward, block_backward] =
+          part_ratios(p.block_s, p.block_forward_s, c.block_forward, c.block_backward);
+      const auto [head_forward, head_backward] =
+          part_ratios(p.head_s, p.head_forward_s, c.head_forward, c.head_backward);
+      corrections.push_back({p.tp, p.rows, block_forward, block_backward, head_forward, head_backward});
     }
     std::sort(corrections.begin(), corrections.end(), [](const auto& a, const auto& b) {
       return std::pair{a.tp, a.rows} < std::pair{b.tp, b.rows};
@@ -860,7 +890,8 @@ void profile_cluster(const ProfileJob& job) {
   for (const ChipMeasurement& m : chips) {
     const int k = profiled.chip_index(m.chip);
     const ChipMeasurement::PartTiming& first = m.parts.front();  // TP 1, the micro-batch's rows
-    const auto [block, head] = composed_parts(costs, k, first);
+    const ComposedParts c = composed_parts(costs, k, first);
+    const double block = c.block(), head = c.head();
     const double none = costs.layer_backward_s(k, 1, micro_batch, Recompute::kNone);
     const double recompute = costs.layer_backward_s(k, 1, micro_batch, Recompute::kSelective) - none;
     std::printf("%-10s %6.2f %9.1f %10.2f %7.2f %10.2f %9.2f %9.2f %9.2f (%8.2f) %9.2f (%8.2f) %11.2f (%9.2f)\n",
@@ -870,9 +901,11 @@ void profile_cluster(const ProfileJob& job) {
   }
   for (const ChipType& t : profiled.chips) {
     if (t.part_corrections.empty()) continue;
-    std::string line = t.name + " block, head measured / composed:";
-    for (const ChipType::PartCorrection& p : t.part_corrections)
-      line += format(" TP %.0f at %.0f rows %.2f, %.2f;", p.tp, p.rows, p.block, p.head);
+    std::string line = t.name + " block, head measured / composed (forward/backward):";
+    for (const ChipType::PartCorrection& p : t.part_corrections) {
+      line += format(" TP %.0f at %.0f rows %.2f/%.2f, %.2f/%.2f;", p.tp, p.rows, p.block_forward, p.block_backward,
+                     p.head_forward, p.head_backward);
+    }
     line.back() = '\n';
     std::fputs(line.c_str(), stdout);
   }

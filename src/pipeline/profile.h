@@ -47,10 +47,11 @@ struct ChipMeasurement {
   double attention_flops = 0;          // the attention core's backward
   double attention_forward_flops = 0;  // its forward
   double memory_gbps = 0;  // the optimizer step's rate as the memory bandwidth the cost model's formula needs
-  // Measured whole: a block (forward + backward) and the head (forward, loss, backward) at TP degree tp over rows
-  // rows, each the slowest of the TP group's ranks; the first at TP 1 and the micro-batch's rows.
+  // Measured whole: a block (forward + backward) and the head (forward and loss, + backward) at TP degree tp over
+  // rows rows, and their forwards, each direction the slowest of the TP group's ranks; the first at TP 1 and the
+  // micro-batch's rows. A forward of 0: not timed apart (the whole's ratio then stands for both directions).
   struct PartTiming {
-    double tp = 1, rows = 0, block_s = 0, head_s = 0;
+    double tp = 1, rows = 0, block_s = 0, head_s = 0, block_forward_s = 0, head_forward_s = 0;
   };
   std::vector<PartTiming> parts;
   // What selective recomputation adds to a block's backward: the attention core's forward as the model times it.
@@ -62,7 +63,7 @@ struct ChipMeasurement {
 };
 
 // The figures in a fixed order (for sending them between ranks): these, then each part's tp, rows, block and head
-// seconds, then each GEMM's rows, k, n and seconds.
+// seconds and their forwards', then each GEMM's rows, k, n and seconds.
 inline constexpr const char* kMeasurementFigures[] = {"kernel_overhead_s",
                                                       "matmul_flops",
                                                       "attention_flops",

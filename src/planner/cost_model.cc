@@ -85,10 +85,11 @@ double CostModel::tp_allreduce_s(int chip, int tp, int b) const {
   return ring_allreduce_s(bytes, tp, g.intra_node_gbps, g.intra_node_latency_us);
 }
 
-// A block's and the head's kernels take the profile's correction for the whole part (ChipType::part_corrections);
-// their all-reduces do not (the profile timed the parts without them).
-double CostModel::part_factor(int chip, int tp, int b, bool head) const {
-  return cluster_.chips[static_cast<size_t>(chip)].part_correction(tp, static_cast<double>(b) * model_.seq_len, head);
+// A block's and the head's forward and backward kernels take the profile's correction for that part and direction
+// (ChipType::part_corrections); their all-reduces do not (the profile timed the parts without them).
+double CostModel::part_factor(int chip, int tp, int b, bool head, bool backward) const {
+  return cluster_.chips[static_cast<size_t>(chip)].part_correction(tp, static_cast<double>(b) * model_.seq_len, head,
+                                                                   backward);
 }
 
 double CostModel::stage_kernels_s(int chip, const std::vector<OpWork>& ops, double correction) const {
@@ -98,7 +99,8 @@ double CostModel::stage_kernels_s(int chip, const std::vector<OpWork>& ops, doub
 
 double CostModel::layer_forward_s(int chip, int tp, int b) const {
   const double e = k_.bytes.activation, w = k_.bytes.weight;
-  return stage_kernels_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false), part_factor(chip, tp, b, false)) +
+  return stage_kernels_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false),
+                         part_factor(chip, tp, b, false, false)) +
          2 * tp_allreduce_s(chip, tp, b);
 }
 
@@ -111,7 +113,7 @@ double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
       if (op.kind == OpClass::kAttentionForward) kernels.push_back(op);
     }
   }
-  double s = stage_kernels_s(chip, kernels, part_factor(chip, tp, b, false)) + 2 * tp_allreduce_s(chip, tp, b);
+  double s = stage_kernels_s(chip, kernels, part_factor(chip, tp, b, false, true)) + 2 * tp_allreduce_s(chip, tp, b);
   if (r == Recompute::kFull) s += layer_forward_s(chip, tp, b);  // the whole forward again, its TP all-reduces too
   return s;
 }
@@ -135,14 +137,14 @@ double CostModel::head_forward_s(int chip, int tp, int b) const {
   const NodeGroup& g = cluster_.group_of(chip);
   const double stats = 3 * ring_allreduce_s(4.0 * b * model_.seq_len, tp, g.intra_node_gbps, g.intra_node_latency_us);
   return stage_kernels_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, false),
-                         part_factor(chip, tp, b, true)) +
+                         part_factor(chip, tp, b, true, false)) +
          stats;
 }
 
 // Twice the forward's matmul work, then the head's input gradient summed over the TP group.
 double CostModel::head_backward_s(int chip, int tp, int b) const {
   return stage_kernels_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true),
-                         part_factor(chip, tp, b, true)) +
+                         part_factor(chip, tp, b, true, true)) +
          tp_allreduce_s(chip, tp, b);
 }
 

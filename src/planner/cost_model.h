@@ -96,8 +96,8 @@ class CostModel {
   double step_model_flops() const;
 
  private:
-  double tp_allreduce_s(int chip, int tp, int b) const;          // one all-reduce of a (b, T, hidden) activation
-  double part_factor(int chip, int tp, int b, bool head) const;  // ChipType::part_correction at b sequences
+  double tp_allreduce_s(int chip, int tp, int b) const;  // one all-reduce of a (b, T, hidden) activation
+  double part_factor(int chip, int tp, int b, bool head, bool backward) const;  // ChipType::part_correction at b
   // A stage's forward or backward kernels in a run: their roofline times `correction` (part_factor), plus what a
   // run adds to each (ChipType::run_kernel_us).
   double stage_kernels_s(int chip, const std::vector<OpWork>& ops, double correction = 1) const;

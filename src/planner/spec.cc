@@ -147,10 +147,12 @@ double ChipType::gemm_correction(double rows, double k, double n) const {
       [](const GemmCorrection& c) { return c.ratio; });
 }
 
-double ChipType::part_correction(int tp, double rows, bool head) const {
+double ChipType::part_correction(int tp, double rows, bool head, bool backward) const {
   return interpolated_in_rows(
       part_corrections, rows, [&](const PartCorrection& c) { return c.tp == tp; },
-      [&](const PartCorrection& c) { return head ? c.head : c.block; });
+      [&](const PartCorrection& c) {
+        return head ? (backward ? c.head_backward : c.head_forward) : (backward ? c.block_backward : c.block_forward);
+      });
 }
 
 // Written with yaml-cpp's emitter, which quotes what needs quoting (a vendor named "Acme, Inc."), in the flow
@@ -195,7 +197,8 @@ std::string cluster_to_yaml(const Cluster& c) {
     if (!t.part_corrections.empty()) {
       y << YAML::Key << "part_corrections" << YAML::Value << YAML::Flow << YAML::BeginSeq;
       for (const ChipType::PartCorrection& p : t.part_corrections)
-        y << YAML::Flow << YAML::BeginSeq << p.tp << p.rows << p.block << p.head << YAML::EndSeq;
+        y << YAML::Flow << YAML::BeginSeq << p.tp << p.rows << p.block_forward << p.block_backward << p.head_forward
+          << p.head_backward << YAML::EndSeq;
       y << YAML::EndSeq;
     }
     if (t.attention_efficiency > 0) y << YAML::Key << "attention_efficiency" << YAML::Value << t.attention_efficiency;
@@ -297,12 +300,19 @@ ChipType load_chip(const ConfigNode& n, const ChipType* base) {
   if (auto list = n.find("part_corrections")) {
     t.part_corrections.clear();
     for (const ConfigNode& e : list->items()) {
-      const auto x = number_list<4>(e,
-                                    "is [tp, rows, block ratio, head ratio]: a TP degree and rows h2 profile timed a "
-                                    "block and the head at, and their times over their kernels' composed",
-                                    false);
-      if (x[0] != std::floor(x[0])) e.items()[0].fail(cat("must be a whole TP degree, got ", x[0]));
-      t.part_corrections.push_back({x[0], x[1], x[2], x[3]});
+      constexpr const char* kShape =
+          "is [tp, rows, block forward, block backward, head forward, head backward] (or [tp, rows, block, head]): a "
+          "TP degree and rows h2 profile timed a block and the head at, and their times over their kernels' composed";
+      if (e.items().size() == 4) {
+        const auto x = number_list<4>(e, kShape, false);
+        t.part_corrections.push_back({x[0], x[1], x[2], x[2], x[3], x[3]});
+      } else {
+        const auto x = number_list<6>(e, kShape, false);
+        t.part_corrections.push_back({x[0], x[1], x[2], x[3], x[4], x[5]});
+      }
+      if (t.part_corrections.back().tp != std::floor(t.part_corrections.back().tp)) {
+        e.items()[0].fail(cat("must be a whole TP degree, got ", t.part_corrections.back().tp));
+      }
     }
   }
   number("memory_gib", t.memory_gib, !base);

@@ -44,14 +44,16 @@ struct ChipType {
     double rows = 0, k = 0, n = 0, ratio = 1;
   };
   std::vector<GemmCorrection> matmul_corrections;
-  // What the kernel-by-kernel figures still miss of a whole part: `h2 profile` times a block (forward + backward)
-  // and the head (forward, loss, backward) at each TP degree the chip may run, at the micro-batch's rows and (with
-  // --max-rows) 2, 4, ... times them, and keeps each one's time over what the figures above compose for its kernels
-  // (on this host at 1 sequence the composition was 12-18% above the measured block, right at 8: docs/pipeline.md).
-  // The cost model multiplies a block's and the head's kernels by them, interpolated linearly in rows (held beyond
-  // the rows timed); a TP degree not timed: 1. In the file: [tp, rows, block ratio, head ratio] each.
+  // What the kernel-by-kernel figures still miss of a whole part: `h2 profile` times a block's forward and backward
+  // and the head's forward (with the loss) and backward at each TP degree the chip may run, at the micro-batch's rows
+  // and (with --max-rows) 2, 4, ... times them, and keeps each one's time over what the figures above compose for its
+  // kernels (on this host at 1 sequence the composition was 12-18% above the measured block, right at 8; the
+  // forward's share of a part, from the GEMMs' alone, up to 10% off: docs/pipeline.md). The cost model multiplies a
+  // block's and the head's forward and backward kernels by them, interpolated linearly in rows (held beyond the rows
+  // timed); a TP degree not timed: 1. In the file: [tp, rows, block forward, block backward, head forward, head
+  // backward] ratios each, or [tp, rows, block, head] for both directions alike (profiles before 2026-12-06).
   struct PartCorrection {
-    double tp = 1, rows = 0, block = 1, head = 1;
+    double tp = 1, rows = 0, block_forward = 1, block_backward = 1, head_forward = 1, head_backward = 1;
   };
   std::vector<PartCorrection> part_corrections;
   double attention_efficiency = 0;  // the attention core's achievable fraction of peak; 0 = efficiency / 2
@@ -103,8 +105,9 @@ struct ChipType {
   }
   // The factor on a GEMM of rows x k -> n from matmul_corrections; 1 for a shape they do not hold.
   double gemm_correction(double rows, double k, double n) const;
-  // The factor on a block's kernels (head: the head's) at TP tp over `rows` rows, from part_corrections.
-  double part_correction(int tp, double rows, bool head) const;
+  // The factor on a block's forward or backward kernels (head: the head's) at TP tp over `rows` rows, from
+  // part_corrections.
+  double part_correction(int tp, double rows, bool head, bool backward) const;
   // The factors on it for a forward and a backward GEMM: the backward's keeps 1/3 forward + 2/3 backward at 1.
   double matmul_forward_factor() const { return matmul_forward_speedup; }
   double matmul_backward_factor() const { return 2.0 / (3.0 - 1.0 / matmul_forward_speedup); }

@@ -544,12 +544,13 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
                                       4 * T, " rows within")));
   EXPECT_THAT(r.output, HasSubstr("; 20 GEMMs timed in all)"));
   EXPECT_EQ(fast.matmul_corrections.size(), 20u);
-  // A block and the head timed whole at TP 1 (one device a node) and one sequence, kept as their time over what the
-  // kernel figures compose, and printed.
+  // A block and the head timed whole at TP 1 (one device a node) and one sequence, kept as their forward's and
+  // backward's time over what the kernel figures compose, and printed.
   ASSERT_EQ(fast.part_corrections.size(), 1u);
   EXPECT_EQ(fast.part_corrections[0].tp, 1);
   EXPECT_EQ(fast.part_corrections[0].rows, T);
-  EXPECT_THAT(r.output, HasSubstr(cat("fast block, head measured / composed: TP 1 at ", T, " rows ")));
+  EXPECT_THAT(r.output,
+              HasSubstr(cat("fast block, head measured / composed (forward/backward): TP 1 at ", T, " rows ")));
   for (double ns : fast.matmul_element_ns) EXPECT_GE(ns, 0.0);
   EXPECT_GT(fast.elementwise_gbps, 0.0);
   EXPECT_FALSE(std::filesystem::exists(out + ".ranks.json"));
@@ -575,8 +576,8 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   ASSERT_EQ(bf16_fast.part_corrections.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(bf16_fast.part_corrections[static_cast<size_t>(i)].rows, (1 << i) * T);
-    EXPECT_GT(bf16_fast.part_corrections[static_cast<size_t>(i)].block, 0.0);
-    EXPECT_GT(bf16_fast.part_corrections[static_cast<size_t>(i)].head, 0.0);
+    const ChipType::PartCorrection& p = bf16_fast.part_corrections[static_cast<size_t>(i)];
+    for (double ratio : {p.block_forward, p.block_backward, p.head_forward, p.head_backward}) EXPECT_GT(ratio, 0.0);
   }
   // Two devices of each type: the second of each waits while the first measures, and only the first's figures
   // count (a waiting rank's would be zeros).

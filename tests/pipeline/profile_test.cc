@@ -104,14 +104,15 @@ TEST(ProfiledCluster, KeepsEachGemmsTimeOverTheFits) {
 
 // The profiled cluster's cost model predicts each part as the profile timed it: a block's forward and backward and
 // the head's at each TP degree and rows timed (at TP 1 without all-reduces: one device), whatever its kernel figures
-// compose; between the rows timed, between the two.
-TEST(ProfiledCluster, PredictsTheBlockAndHeadAsTimed) {
+// compose; between the rows timed, between the two. A part whose forward was not timed apart (0: a profile before
+// 2026-12-06) keeps its whole's time, shared between the directions as its kernels compose.
+TEST(ProfiledCluster, PredictsTheBlockAndHeadAsTimedInEachDirection) {
   const Cluster cluster = one_chip(2);
   ChipMeasurement m = measured_c();
   m.elementwise_gbps = 20;
   m.attention_flops = m.attention_forward_flops = 50e9;
   m.kernel_overhead_s = 20e-6;
-  m.parts = {{1, 256, 0.080, 0.250}, {1, 2048, 0.500, 1.600}, {2, 256, 0.050, 0.140}};
+  m.parts = {{1, 256, 0.080, 0.250, 0.030, 0.100}, {1, 2048, 0.500, 1.600}, {2, 256, 0.050, 0.140, 0.020, 0.040}};
   const Cluster out = load_cluster(ConfigNode::parse_string(
       cluster_to_yaml(profiled_cluster(cluster, {m}, LinkMeasurement{}, small(), Precision::kF32)), "out.yaml"));
   const CostModel costs(out, small(), TrainSetup{.global_batch = 8, .precision = Precision::kF32});
@@ -119,18 +120,30 @@ TEST(ProfiledCluster, PredictsTheBlockAndHeadAsTimed) {
     return costs.layer_forward_s(0, tp, b) + costs.layer_backward_s(0, tp, b, Recompute::kNone);
   };
   const auto head = [&](int tp, int b) { return costs.head_forward_s(0, tp, b) + costs.head_backward_s(0, tp, b); };
-  EXPECT_NEAR(block(1, 1), 0.080, 1e-6);
-  EXPECT_NEAR(head(1, 1), 0.250, 1e-6);
+  EXPECT_NEAR(costs.layer_forward_s(0, 1, 1), 0.030, 1e-6);
+  EXPECT_NEAR(costs.layer_backward_s(0, 1, 1, Recompute::kNone), 0.050, 1e-6);
+  EXPECT_NEAR(costs.head_forward_s(0, 1, 1), 0.100, 1e-6);
+  EXPECT_NEAR(costs.head_backward_s(0, 1, 1), 0.150, 1e-6);
   EXPECT_NEAR(block(1, 8), 0.500, 1e-6);
   EXPECT_NEAR(head(1, 8), 1.600, 1e-6);
+  Cluster figures_alone = out;
+  figures_alone.chips[0].part_corrections.clear();
+  const CostModel plain(figures_alone, small(), TrainSetup{.global_batch = 8, .precision = Precision::kF32});
+  EXPECT_NEAR(costs.layer_forward_s(0, 1, 8) / block(1, 8),
+              plain.layer_forward_s(0, 1, 8) /
+                  (plain.layer_forward_s(0, 1, 8) + plain.layer_backward_s(0, 1, 8, Recompute::kNone)),
+              1e-9);
   const double between = block(1, 4);
   EXPECT_GT(between, 0.080);
   EXPECT_LT(between, 0.500);
-  // TP 2: what was timed and its all-reduces (a block's four of 256 x 256 f32 over 5 GB/s; the head's three of the
-  // loss's 256 x 3 f32 statistics and its input gradient), which the cost model adds to the kernels.
+  // TP 2: what was timed and its all-reduces (a block's two of 256 x 256 f32 over 5 GB/s each way; the head's three
+  // of the loss's 256 x 3 f32 statistics forward and its input gradient backward), which the cost model adds to the
+  // kernels.
   const double activation = 256.0 * 256 * 4 / 5e9, stats = 256.0 * 4 / 5e9;
-  EXPECT_NEAR(block(2, 1), 0.050 + 4 * activation, 1e-6);
-  EXPECT_NEAR(head(2, 1), 0.140 + 3 * stats + activation, 1e-6);
+  EXPECT_NEAR(costs.layer_forward_s(0, 2, 1), 0.020 + 2 * activation, 1e-6);
+  EXPECT_NEAR(costs.layer_backward_s(0, 2, 1, Recompute::kNone), 0.030 + 2 * activation, 1e-6);
+  EXPECT_NEAR(costs.head_forward_s(0, 2, 1), 0.040 + 3 * stats, 1e-6);
+  EXPECT_NEAR(costs.head_backward_s(0, 2, 1), 0.100 + activation, 1e-6);
 }
 
 // h2 profile measures one rank of each chip type at a time, in rank order, each pass over all of them: ranks of
@@ -154,10 +167,12 @@ TransformerShape one_block() {
 
 // The kernels a stage runs at `rows` sequences, one per launch, on each TP rank of `ranks` ({rank, size}; by default
 // either rank at TP 1 and 2: the first adds the row-parallel biases): the embedding, a block and the head forward and
-// backward — with `head_only` the head alone —, and with `optimizer` the optimizer step over their tensors.
+// backward (`parts`: or the head alone, or the head's forward and loss alone), and with `optimizer` the optimizer step
+// over their tensors.
+enum class Parts { kStage, kHead, kHeadForward };
 std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, bool optimizer,
                                     const std::vector<std::pair<int, int>>& ranks = {{0, 1}, {0, 2}, {1, 2}},
-                                    bool head_only = false) {
+                                    Parts parts = Parts::kStage) {
   const GptConfig config = gpt_config_of(shape);
   const int T = config.seq_len, C = config.n_embd;
   KeyRecorder dev(size_t{64} << 20);
@@ -171,7 +186,7 @@ std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, boo
     Gpt block(config, dev, GptRange{false, 0, 1, false}, rows, T, tp);
     Gpt head(config, dev, GptRange{false, 1, 1, true}, rows, T, tp);
     for (Gpt* part : {&embedding, &block, &head}) part->init(1);
-    if (!head_only) {
+    if (parts == Parts::kStage) {
       embedding.forward(targets);
       embedding.backward(dout);
       block.forward(x);
@@ -179,7 +194,7 @@ std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, boo
     }
     head.forward(x);
     head.loss(targets);
-    head.backward();
+    if (parts != Parts::kHeadForward) head.backward();
     for (Gpt* part : optimizer ? std::vector<Gpt*>{&embedding, &block, &head} : std::vector<Gpt*>{}) {
       const int64_t n = part->num_params();
       const OptimizerState moments{dev.zeros(DType::kF32, {n}), dev.zeros(DType::kF32, {n})};
@@ -237,24 +252,25 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRo
 }
 
 // A TP group waits at each all-reduce for its slowest rank, so h2 profile times a block and the head on every rank
-// and keeps the slowest. Here the second TP rank's own head kernels (101 tokens: its vocabulary shard is 51 rows to
-// the first's 50) are listed at 40 ms of work each, paced at the chip's speed (0.4): its head takes at least 40 ms a
-// launch, where the first rank's, at the small model's listed work, takes a fraction of a millisecond. Until
-// 2026-12-06 only the first rank was timed.
-TEST(ProfileParts, TimesEveryTensorParallelRankAndKeepsTheSlowest) {
+// and keeps the slowest, forward and backward apart (a run's forward and backward actions). Here the second TP rank's
+// own head forward kernels (101 tokens: its vocabulary shard is 51 rows to the first's 50; the logits and the loss)
+// are listed at 100 ms of work each, paced at the chip's speed (0.4): its head's forward takes at least 100 ms a
+// launch, where the first rank's, and either's backward, at the small model's listed work, take a fraction of a
+// millisecond. Until 2026-12-06 only the first rank was timed, and forward and backward together.
+TEST(ProfileParts, TimesEveryTensorParallelRankAndKeepsTheSlowestForwardAndBackward) {
   const Cluster cluster = pair_cluster();
   const TransformerShape shape = one_block();
   const ChipMeasurement learnt = measure_chip(cluster, "c", shape, /*micro_batch=*/1, Precision::kF32);
-  const std::vector<uint64_t> first = stage_kernels(shape, 1, false, {{0, 2}}, /*head_only=*/true),
-                              second = stage_kernels(shape, 1, false, {{1, 2}}, /*head_only=*/true);
+  const std::vector<uint64_t> first = stage_kernels(shape, 1, false, {{0, 2}}, Parts::kHead),
+                              second = stage_kernels(shape, 1, false, {{1, 2}}, Parts::kHeadForward);
   KernelWork reference = learnt.kernel_work;
-  double slowest = 0;  // the second rank's head at the least its pacing allows
+  double slowest = 0;  // the second rank's head forward at the least its pacing allows
   for (const uint64_t key : second) {
     if (std::find(first.begin(), first.end(), key) != first.end()) continue;
-    reference[key] = 40e-3;
-    slowest += 40e-3;
+    reference[key] = 100e-3;
+    slowest += 100e-3;
   }
-  ASSERT_GE(slowest, 80e-3) << "the second rank's head has too few kernels of its own";
+  ASSERT_GE(slowest, 200e-3) << "the second rank's head forward has too few kernels of its own";
   const ChipMeasurement paced = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.reference = &reference});
   const auto part = [&](double tp) {
     for (const ChipMeasurement::PartTiming& p : paced.parts) {
@@ -263,11 +279,19 @@ TEST(ProfileParts, TimesEveryTensorParallelRankAndKeepsTheSlowest) {
     ADD_FAILURE() << "no part timed at TP " << tp;
     return ChipMeasurement::PartTiming{};
   };
-  EXPECT_GE(part(2).head_s, slowest);  // paced at the chip's speed (below 1): at least the listed work
+  EXPECT_GE(part(2).head_forward_s, slowest);  // paced at the chip's speed (below 1): at least the listed work
+  // Its backward: none of the planted kernels, timed apart, on the ranks' slower backward.
+  EXPECT_GT(part(2).head_s - part(2).head_forward_s, 0.0);
+  EXPECT_LT(part(2).head_s - part(2).head_forward_s, slowest / 2);
   // TP 1: the whole vocabulary's kernels, none of them the second rank's; the block's neither (both under the host's
-  // load in a parallel test run took up to 49 ms where the TP-2 head sleeps at least 400: four kernels of its own).
+  // load in a parallel test run took up to 49 ms where the TP-2 head forward sleeps at least 200: two kernels of its
+  // own).
   EXPECT_LT(part(1).head_s, part(2).head_s);
   EXPECT_LT(part(2).block_s, part(2).head_s);
+  for (double tp : {1.0, 2.0}) {
+    EXPECT_GT(part(tp).block_forward_s, 0.0);
+    EXPECT_LT(part(tp).block_forward_s, part(tp).block_s);
+  }
 }
 
 // The latency under load, worked by hand. Pair (0, 1): GEMMs alone 10 and 12 ms, with the all-reduce 13 and 14 ms:

@@ -265,25 +265,30 @@ TEST(CostModel, AProfiledGemmTakesItsShapesCorrection) {
       HasSubstr("field 'chips[0].matmul_corrections[0]': is [rows, k, n, ratio]"));
 }
 
-// A profiled chip's block and head take their kernels' composition times the correction its profile kept for the
-// whole part at that TP degree, interpolated linearly in rows (held beyond), and the all-reduces as before. X with
-// corrections at TP 1: block 0.5, head 2 at 1,024 rows (one sequence), block 1 and head 1 at 4,096: at one sequence
-// a block half the figures' and the head twice; at two sequences (2,048 rows, a third of the way) 2/3 and 5/3; at 8
-// sequences both the figures'; at TP 2 (not timed) the figures' alone. Recomputation's kernels are the block's.
-TEST(CostModel, AProfiledBlockAndHeadTakeTheirPartsCorrection) {
+// A profiled chip's block and head take their kernels' composition times the correction its profile kept for that
+// part and direction at that TP degree, interpolated linearly in rows (held beyond), and the all-reduces as before. X
+// with corrections at TP 1: at 1,024 rows (one sequence) the block's forward 0.5 and backward 0.25, the head's forward
+// 2 and backward 4; all 1 at 4,096. So at one sequence a block's forward is half the figures', its backward a quarter
+// (selective recomputation's attention core is in the backward, so a quarter too; full recomputation's forward again
+// takes the forward's half), the head's forward twice and backward four times; at two sequences (2,048 rows, a third
+// of the way) the block's forward 2/3 and the head's backward 3; at 8 sequences all the figures'; at TP 2 (not timed)
+// the figures' alone.
+TEST(CostModel, AProfiledBlockAndHeadTakeTheirPartsCorrectionPerDirection) {
   const Cluster plain = cluster_of(kSmallCluster);
   Cluster c = plain;
-  c.chips[0].part_corrections = {{1, 4096, 1.0, 1.0}, {1, 1024, 0.5, 2.0}};
+  c.chips[0].part_corrections = {{1, 4096, 1.0, 1.0, 1.0, 1.0}, {1, 1024, 0.5, 0.25, 2.0, 4.0}};
   const TrainSetup setup{.global_batch = 8};
   const CostModel before(plain, small_model(4), setup), after(c, small_model(4), setup);
   EXPECT_DOUBLE_EQ(after.layer_forward_s(0, 1, 1), 0.5 * before.layer_forward_s(0, 1, 1));
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    EXPECT_DOUBLE_EQ(after.layer_backward_s(0, 1, 1, r), 0.5 * before.layer_backward_s(0, 1, 1, r));
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective}) {
+    EXPECT_DOUBLE_EQ(after.layer_backward_s(0, 1, 1, r), 0.25 * before.layer_backward_s(0, 1, 1, r));
   }
+  EXPECT_DOUBLE_EQ(after.layer_backward_s(0, 1, 1, Recompute::kFull),
+                   0.25 * before.layer_backward_s(0, 1, 1, Recompute::kNone) + 0.5 * before.layer_forward_s(0, 1, 1));
   EXPECT_DOUBLE_EQ(after.head_forward_s(0, 1, 1), 2 * before.head_forward_s(0, 1, 1));
-  EXPECT_DOUBLE_EQ(after.head_backward_s(0, 1, 1), 2 * before.head_backward_s(0, 1, 1));
+  EXPECT_DOUBLE_EQ(after.head_backward_s(0, 1, 1), 4 * before.head_backward_s(0, 1, 1));
   EXPECT_DOUBLE_EQ(after.layer_forward_s(0, 1, 2), 2.0 / 3 * before.layer_forward_s(0, 1, 2));
-  EXPECT_DOUBLE_EQ(after.head_backward_s(0, 1, 2), 5.0 / 3 * before.head_backward_s(0, 1, 2));
+  EXPECT_DOUBLE_EQ(after.head_backward_s(0, 1, 2), 3 * before.head_backward_s(0, 1, 2));
   EXPECT_DOUBLE_EQ(after.layer_forward_s(0, 1, 8), before.layer_forward_s(0, 1, 8));
   EXPECT_DOUBLE_EQ(after.head_forward_s(0, 1, 8), before.head_forward_s(0, 1, 8));
   EXPECT_DOUBLE_EQ(after.layer_forward_s(0, 2, 1), before.layer_forward_s(0, 2, 1));
@@ -291,25 +296,41 @@ TEST(CostModel, AProfiledBlockAndHeadTakeTheirPartsCorrection) {
   // At TP 2 the block's TP all-reduces (two per direction) are not corrected: a correction of 0.5 there halves the
   // kernels alone. Y's at TP 2: 1,024 x 2,048 bf16 activations, 4 MiB, ring of two over 50 GB/s: 2 x 1/2 x 4 MiB,
   // and two messages' latency (the default's).
-  c.chips[1].part_corrections = {{2, 1024, 0.5, 1.0}};
+  c.chips[1].part_corrections = {{2, 1024, 0.5, 1.0, 1.0, 1.0}};
   const CostModel tp2(c, small_model(4), setup);
   const double all_reduce = 4194304.0 / 50e9 + 2 * c.group_of(1).intra_node_latency_us * 1e-6;
   EXPECT_NEAR(tp2.layer_forward_s(1, 2, 1), 0.5 * (before.layer_forward_s(1, 2, 1) - 2 * all_reduce) + 2 * all_reduce,
               1e-12);
-  // Written and read back; a TP degree that is not whole, or an entry short of four numbers, is refused naming it.
+  // Written and read back; a profile's four numbers (before 2026-12-06: one ratio a part for both directions) read as
+  // both directions alike; a TP degree that is not whole, or an entry of another length, is refused naming it.
   const Cluster back = load_cluster(ConfigNode::parse_string(cluster_to_yaml(c), "written.yaml"));
   ASSERT_EQ(back.chips[0].part_corrections.size(), 2u);
   EXPECT_EQ(back.chips[0].part_corrections[1].rows, 1024);
-  EXPECT_EQ(back.chips[0].part_corrections[1].head, 2.0);
+  EXPECT_EQ(back.chips[0].part_corrections[1].block_backward, 0.25);
+  EXPECT_EQ(back.chips[0].part_corrections[1].head_forward, 2.0);
+  EXPECT_EQ(back.chips[0].part_corrections[1].head_backward, 4.0);
   EXPECT_EQ(back.chips[1].part_corrections[0].tp, 2);
   EXPECT_TRUE(back.chips[2].part_corrections.empty());
   const std::string chip = "chips:\n  - {name: X, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1, ";
+  const ChipType::PartCorrection old =
+      cluster_of(chip +
+                 "part_corrections: [[2, 256, 0.5, 3]]}\ngroups:\n  - {chip: X, nodes: 1, "
+                 "chips_per_node: 2, intra_node_gbps: 1, nic_gbps: 1}\n")
+          .chips[0]
+          .part_corrections.at(0);
+  EXPECT_EQ(std::vector<double>(
+                {old.tp, old.rows, old.block_forward, old.block_backward, old.head_forward, old.head_backward}),
+            std::vector<double>({2, 256, 0.5, 0.5, 3, 3}));
   EXPECT_THAT(
       error_of([&] { cluster_of(chip + "part_corrections: [[1.5, 256, 1, 1]]}\ngroups: []\n"); }, ErrorCode::kConfig),
       HasSubstr("field 'chips[0].part_corrections[0][0]': must be a whole TP degree, got 1.5"));
-  EXPECT_THAT(
-      error_of([&] { cluster_of(chip + "part_corrections: [[1, 256, 1]]}\ngroups: []\n"); }, ErrorCode::kConfig),
-      HasSubstr("field 'chips[0].part_corrections[0]': is [tp, rows, block ratio, head ratio]"));
+  for (const char* entry : {"[1, 256, 1]", "[1, 256, 1, 1, 1]"}) {
+    EXPECT_THAT(
+        error_of([&] { cluster_of(chip + "part_corrections: [" + entry + "]}\ngroups: []\n"); }, ErrorCode::kConfig),
+        HasSubstr("field 'chips[0].part_corrections[0]': is [tp, rows, block forward, block backward, head "
+                  "forward, head backward] (or [tp, rows, block, head])"))
+        << entry;
+  }
 }
 
 // What a run adds to each kernel (run_kernel_us, fitted by h2 calibrate) is charged once to every forward and backward
@@ -320,7 +341,7 @@ TEST(CostModel, AProfiledBlockAndHeadTakeTheirPartsCorrection) {
 TEST(CostModel, ARunsPerKernelCostIsChargedToEachStageKernelNotTheOptimizers) {
   const Cluster plain = cluster_of(kSmallCluster);
   Cluster c = plain;
-  c.chips[0].part_corrections = {{1, 1024, 0.5, 2.0}};
+  c.chips[0].part_corrections = {{1, 1024, 0.5, 0.5, 2.0, 2.0}};
   Cluster with_run = c;
   with_run.chips[0].run_kernel_us = 100;
   const TrainSetup setup{.global_batch = 8};
