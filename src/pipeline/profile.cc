@@ -397,7 +397,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     }
   }
   // A block and the head whole, forward and backward apart (a run's two actions; timed together, the forward's share
-  // was the GEMMs' own, and a run's forwards came out 8-15% below their prediction on 2026-12-06), on each rank of a
+  // was the GEMMs' own, and a run's forwards came out 6-13% below their prediction on 2026-12-06), on each rank of a
   // TP group (no all-reduces: the cost model adds them apart) — the slowest's time in each direction, which the group
   // waits for at each all-reduce (2026-12-06: timed on the first rank alone, a fast
   // TP-2 head stage ran 1.10x its prediction, its second rank's kernels 13% more work, paced, than the first's, the
