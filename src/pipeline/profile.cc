@@ -86,17 +86,6 @@ ComposedParts composed_parts(const CostModel& costs, int chip, const ChipMeasure
   return {block(false), block(true), head(false), head(true)};
 }
 
-// A part's measured time over its composed, per direction: the forward's and the rest's when the forward was timed
-// apart, else the whole's for both.
-std::pair<double, double> part_ratios(double measured_s, double forward_s, double composed_forward,
-                                      double composed_backward) {
-  if (forward_s <= 0) {
-    const double whole = measured_s / (composed_forward + composed_backward);
-    return {whole, whole};
-  }
-  return {forward_s / composed_forward, (measured_s - forward_s) / composed_backward};
-}
-
 }  // namespace
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
@@ -438,9 +427,9 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       backwards[1] = std::max(backwards[1], least(head_b));
     }
     part.block_forward_s = forwards[0];
-    part.block_s = forwards[0] + backwards[0];
+    part.block_backward_s = backwards[0];
     part.head_forward_s = forwards[1];
-    part.head_s = forwards[1] + backwards[1];
+    part.head_backward_s = backwards[1];
     m.parts.push_back(part);
   };
   for (const int tp : all_tps) time_parts(B, tp, options.rounds);
@@ -471,7 +460,7 @@ std::vector<double> measurement_figures(const ChipMeasurement& m) {
                            m.matmul_fit_error,
                            m.elementwise_gbps};
   for (const ChipMeasurement::PartTiming& p : m.parts) {
-    f.insert(f.end(), {p.tp, p.rows, p.block_s, p.head_s, p.block_forward_s, p.head_forward_s});
+    f.insert(f.end(), {p.tp, p.rows, p.block_forward_s, p.block_backward_s, p.head_forward_s, p.head_backward_s});
   }
   for (const GemmTiming& g : m.gemms) f.insert(f.end(), {g.rows, g.k, g.n, g.seconds});
   return f;
@@ -672,11 +661,8 @@ Cluster profiled_cluster(const Cluster& cluster, const std::vector<ChipMeasureme
     std::vector<ChipType::PartCorrection> corrections;
     for (const ChipMeasurement::PartTiming& p : m.parts) {
       const ComposedParts c = composed_parts(composing, k, p);
-      const auto [block_forward, block_backward] =
-          part_ratios(p.block_s, p.block_forward_s, c.block_forward, c.block_backward);
-      const auto [head_forward, head_backward] =
-          part_ratios(p.head_s, p.head_forward_s, c.head_forward, c.head_backward);
-      corrections.push_back({p.tp, p.rows, block_forward, block_backward, head_forward, head_backward});
+      corrections.push_back({p.tp, p.rows, p.block_forward_s / c.block_forward, p.block_backward_s / c.block_backward,
+                             p.head_forward_s / c.head_forward, p.head_backward_s / c.head_backward});
     }
     std::sort(corrections.begin(), corrections.end(), [](const auto& a, const auto& b) {
       return std::pair{a.tp, a.rows} < std::pair{b.tp, b.rows};
@@ -896,8 +882,8 @@ void profile_cluster(const ProfileJob& job) {
     const double recompute = costs.layer_backward_s(k, 1, micro_batch, Recompute::kSelective) - none;
     std::printf("%-10s %6.2f %9.1f %10.2f %7.2f %10.2f %9.2f %9.2f %9.2f (%8.2f) %9.2f (%8.2f) %11.2f (%9.2f)\n",
                 m.chip.c_str(), m.speed, m.kernel_overhead_s * 1e6, m.matmul_flops / 1e9, m.matmul_forward_speedup,
-                m.attention_flops / 1e9, m.memory_gbps, m.elementwise_gbps, first.block_s * 1e3, block * 1e3,
-                first.head_s * 1e3, head * 1e3, m.recompute_s * 1e3, recompute * 1e3);
+                m.attention_flops / 1e9, m.memory_gbps, m.elementwise_gbps, first.block_s() * 1e3, block * 1e3,
+                first.head_s() * 1e3, head * 1e3, m.recompute_s * 1e3, recompute * 1e3);
   }
   for (const ChipType& t : profiled.chips) {
     if (t.part_corrections.empty()) continue;

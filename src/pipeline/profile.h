@@ -47,11 +47,12 @@ struct ChipMeasurement {
   double attention_flops = 0;          // the attention core's backward
   double attention_forward_flops = 0;  // its forward
   double memory_gbps = 0;  // the optimizer step's rate as the memory bandwidth the cost model's formula needs
-  // Measured whole: a block (forward + backward) and the head (forward and loss, + backward) at TP degree tp over
-  // rows rows, and their forwards, each direction the slowest of the TP group's ranks; the first at TP 1 and the
-  // micro-batch's rows. A forward of 0: not timed apart (the whole's ratio then stands for both directions).
+  // Measured whole: a block's forward and backward and the head's forward (with the loss) and backward at TP degree
+  // tp over rows rows, each the slowest of the TP group's ranks; the first at TP 1 and the micro-batch's rows.
   struct PartTiming {
-    double tp = 1, rows = 0, block_s = 0, head_s = 0, block_forward_s = 0, head_forward_s = 0;
+    double tp = 1, rows = 0, block_forward_s = 0, block_backward_s = 0, head_forward_s = 0, head_backward_s = 0;
+    double block_s() const { return block_forward_s + block_backward_s; }
+    double head_s() const { return head_forward_s + head_backward_s; }
   };
   std::vector<PartTiming> parts;
   // What selective recomputation adds to a block's backward: the attention core's forward as the model times it.
@@ -62,8 +63,8 @@ struct ChipMeasurement {
   KernelWork kernel_work;       // an emulated chip's: the least work each kernel shape did (device/emu/device.h)
 };
 
-// The figures in a fixed order (for sending them between ranks): these, then each part's tp, rows, block and head
-// seconds and their forwards', then each GEMM's rows, k, n and seconds.
+// The figures in a fixed order (for sending them between ranks): these, then each part's tp, rows, block forward and
+// backward and head forward and backward seconds, then each GEMM's rows, k, n and seconds.
 inline constexpr const char* kMeasurementFigures[] = {"kernel_overhead_s",
                                                       "matmul_flops",
                                                       "attention_flops",

@@ -48,7 +48,8 @@ struct ChipType {
   // and the head's forward (with the loss) and backward at each TP degree the chip may run, at the micro-batch's rows
   // and (with --max-rows) 2, 4, ... times them, and keeps each one's time over what the figures above compose for its
   // kernels (on this host at 1 sequence the composition was 12-18% above the measured block, right at 8; the
-  // forward's share of a part, from the GEMMs' alone, up to 10% off: docs/pipeline.md). The cost model multiplies a
+  // forward's share of a part, from the GEMMs' alone, missed a run's forwards by 6-13% and its backwards by 8-13%:
+  // docs/pipeline.md). The cost model multiplies a
   // block's and the head's forward and backward kernels by them, interpolated linearly in rows (held beyond the rows
   // timed); a TP degree not timed: 1. In the file: [tp, rows, block forward, block backward, head forward, head
   // backward] ratios each, or [tp, rows, block, head] for both directions alike (profiles before 2026-12-06).
