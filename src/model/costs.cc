@@ -140,14 +140,27 @@ int64_t vocab_rows(const StageMemorySpec& m) {
   return m.shape.vocab * (r + 1) / m.tp - m.shape.vocab * r / m.tp;
 }
 
+// The blocks of a stage's range by what they hold: whole, the attention half alone, the MLP half alone.
+struct BlockHalves {
+  int64_t whole = 0, attention = 0, mlp = 0;
+};
+BlockHalves halves(const StageMemorySpec& m) {
+  if (m.layers == 1 && m.starts_at_mlp && m.ends_at_attention) return {};  // no half at all: refused by the model
+  const int64_t attention = m.ends_at_attention ? 1 : 0, mlp = m.starts_at_mlp ? 1 : 0;
+  return {m.layers - attention - mlp, attention, mlp};
+}
+
 }  // namespace
 
 int64_t stage_params(const StageMemorySpec& m) {
   const TransformerShape& s = m.shape;
   const int64_t C = s.hidden, qkv = C + 2 * s.kv_dim(), t = m.tp;
-  // A block: LayerNorms and the row-parallel biases whole, the rest divided (gpt.h: column- and row-parallel).
+  // A block: LayerNorms and the row-parallel biases whole, the rest divided (gpt.h: column- and row-parallel); its
+  // attention half ln_1, c_attn and attn.c_proj, its MLP half ln_2, c_fc and mlp.c_proj.
   const int64_t block = 4 * C + 2 * C + (C * qkv + qkv + C * C + 2 * C * s.ffn + s.ffn) / t;
-  int64_t n = m.layers * block;
+  const int64_t attention = 3 * C + (C * qkv + qkv + C * C) / t, mlp = 3 * C + (2 * C * s.ffn + s.ffn) / t;
+  const BlockHalves h = halves(m);
+  int64_t n = h.whole * block + h.attention * attention + h.mlp * mlp;
   const int64_t wte = vocab_rows(m) * C;
   if (m.embedding) n += wte + s.seq_len * C;
   if (m.head) n += 2 * C + (!m.embedding || !s.tied_embeddings ? wte : 0);  // its own copy of the tied table
@@ -160,7 +173,7 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   const double B = static_cast<double>(m.rows), T = static_cast<double>(m.seq > 0 ? m.seq : s.seq_len), bt = B * T;
   const double C = static_cast<double>(s.hidden), t = m.tp, qkv = C + 2.0 * static_cast<double>(s.kv_dim());
   const double ffn = static_cast<double>(s.ffn), att = B * static_cast<double>(s.heads) / t * T * T;
-  const double L = static_cast<double>(m.layers), V = static_cast<double>(vocab_rows(m));
+  const double V = static_cast<double>(vocab_rows(m));
   StageMemory r;
   r.in_flight = m.in_flight;
   // State: parameters, their gradients, and Adam's moments (ZeRO-1: this replica's share, rounded up).
@@ -178,13 +191,26 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   const double block_kept = m.recompute == Recompute::kNone        ? block_all
                             : m.recompute == Recompute::kSelective ? block_all - att * e.block_activation
                                                                    : bt * C * e.activation;
-  r.activations = L * block_kept;
+  // A half block keeps its half's tensors (attention: ln1 and its statistics, qkv, the attention output and
+  // probabilities, attproj, res2; MLP: ln2 and its statistics, both MLP activations, fcproj, res3), or under full
+  // recomputation its output alone.
+  const double half_stats = 2 * bt * kStatBytes;
+  const double attention_kept = m.recompute == Recompute::kFull
+                                    ? bt * C * e.activation
+                                    : bt * (2 * C * e.activation + (C + (qkv + C) / t) * e.block_activation) +
+                                          half_stats + (m.recompute == Recompute::kNone ? att * e.block_activation : 0);
+  const double mlp_kept = m.recompute == Recompute::kFull
+                              ? bt * C * e.activation
+                              : bt * (2 * C * e.activation + (C + 2 * ffn / t) * e.block_activation) + half_stats;
+  const BlockHalves h = halves(m);
+  r.activations = static_cast<double>(h.whole) * block_kept + static_cast<double>(h.attention) * attention_kept +
+                  static_cast<double>(h.mlp) * mlp_kept;
   if (m.embedding) r.activations += bt * C * e.activation;  // the embedding's output
   if (m.head)
     r.activations += bt * C * e.block_activation + 3 * bt * kStatBytes + bt * V * e.logits;  // ln_f, stats, logits
   r.inputs = m.embedding ? bt * kTokenBytes : bt * C * e.activation;
   // Recomputation writes into one block's worth, shared: the probabilities (selective) or all but res3 (full).
-  if (m.layers > 0 && m.recompute == Recompute::kSelective) r.recompute = att * e.block_activation;
+  if (h.whole + h.attention > 0 && m.recompute == Recompute::kSelective) r.recompute = att * e.block_activation;
   if (m.layers > 0 && m.recompute == Recompute::kFull) r.recompute = block_all - bt * C * e.activation;
   // The model's gradient buffers: two for the gradient flowing back, five more for a block's, one for the head.
   r.grad_scratch = 2 * bt * C * e.activation;
@@ -226,6 +252,8 @@ StageMemory chunked_stage_memory(const StageMemorySpec& spec, std::span<const in
     s.layers = chunk_layers(static_cast<int>(spec.layers), v, k);
     s.embedding = spec.embedding && k == 0;
     s.head = spec.head && k == v - 1;
+    s.starts_at_mlp = spec.starts_at_mlp && k == 0;
+    s.ends_at_attention = spec.ends_at_attention && k == v - 1;
     s.in_flight = chunk_in_flight[static_cast<size_t>(k)];
     chunks.push_back(stage_memory(s));
   }

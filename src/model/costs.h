@@ -114,9 +114,12 @@ inline constexpr double kStatBytes = 4, kTokenBytes = 4;
 
 struct StageMemorySpec {
   TransformerShape shape;
-  bool embedding = false;    // holds the token and position embedding (the pipeline's first stage)
-  bool head = false;         // holds the final LayerNorm, the (tied) output head and the loss (the last stage)
-  int64_t layers = 0;        // transformer blocks
+  bool embedding = false;  // holds the token and position embedding (the pipeline's first stage)
+  bool head = false;       // holds the final LayerNorm, the (tied) output head and the loss (the last stage)
+  int64_t layers = 0;      // transformer blocks, whole or half
+  // The first block its MLP half alone, the last its attention half alone (a stage boundary inside a block:
+  // model/gpt.h's GptRange).
+  bool starts_at_mlp = false, ends_at_attention = false;
   int64_t rows = 1;          // sequences of a micro-batch on this device (its replica's share)
   int64_t seq = 0;           // their length; 0: the shape's seq_len
   int tp = 1;                // tensor-parallel degree; the embedding and head are vocabulary-parallel

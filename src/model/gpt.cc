@@ -120,6 +120,17 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
     throw Error(ErrorCode::kInvalidArgument, cat("model range: blocks [", range.first_block, ", ", range.end_block,
                                                  ") are outside the model's ", config.n_layer, " blocks"));
   }
+  const int n_blocks = range.end_block - range.first_block;
+  if ((range.starts_at_mlp || range.ends_at_attention) &&
+      (n_blocks - range.starts_at_mlp - range.ends_at_attention < 0 || n_blocks == 0 ||
+       (range.starts_at_mlp && range.embedding) || (range.ends_at_attention && range.head))) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("model range: blocks [", range.first_block, ", ", range.end_block, ")",
+                    range.starts_at_mlp ? " from the first block's MLP half" : "",
+                    range.ends_at_attention ? " to the last block's attention half" : "",
+                    range.embedding ? " with the embedding" : "", range.head ? " with the head" : "",
+                    " hold no half of a block or split one the embedding or head must follow whole"));
+  }
   if (B <= 0 || T <= 0 || T > config.seq_len) {
     throw Error(ErrorCode::kInvalidArgument,
                 cat("model: batch ", B, " x sequence ", T,
@@ -131,7 +142,9 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   const StageMemorySpec spec{.shape = config.shape(),
                              .embedding = range.embedding,
                              .head = range.head,
-                             .layers = range.end_block - range.first_block,
+                             .layers = n_blocks,
+                             .starts_at_mlp = range.starts_at_mlp,
+                             .ends_at_attention = range.ends_at_attention,
                              .rows = B,
                              .seq = T,
                              .tp = tp_.size,
@@ -147,10 +160,10 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
       static_cast<double>(device.props().mem_capacity_bytes) - static_cast<double>(device.mem_used_bytes());
   if (device.props().mem_capacity_bytes > 0 && bytes > free) {
     throw Error(ErrorCode::kOutOfMemory,
-                cat("model: ", range.end_block - range.first_block, " blocks of n_embd ", config.n_embd, " (",
-                    format_bytes(need.weights), " of weights, as much again of gradients, ",
-                    format_bytes(policy_.slots * need.activations), " of activations for batch ", B, " x ", T,
-                    ") need ", format_bytes(bytes), " on device ", device.name(), ", which has ", format_bytes(free),
+                cat("model: ", n_blocks, " blocks of n_embd ", config.n_embd, " (", format_bytes(need.weights),
+                    " of weights, as much again of gradients, ", format_bytes(policy_.slots * need.activations),
+                    " of activations for batch ", B, " x ", T, ") need ", format_bytes(bytes), " on device ",
+                    device.name(), ", which has ", format_bytes(free),
                     " free. Hint: fewer layers (model.n_layer), a narrower model, a smaller batch, or recomputation"));
   }
   const int64_t C = config.n_embd, V = config.vocab_size;
@@ -160,14 +173,20 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   std::vector<ParamSpec> specs;
   if (range.embedding || range.head) specs.push_back({"wte.weight", {V, C}, true, false, TpSplit::kVocabRows});
   if (range.embedding) specs.push_back({"wpe.weight", {config.seq_len, C}, true, false});
+  // Whether block b's attention half, its MLP half, is in the range.
+  const auto attention_here = [&](int b) { return b > range.first_block || !range.starts_at_mlp; };
+  const auto mlp_here = [&](int b) { return b + 1 < range.end_block || !range.ends_at_attention; };
   for (int b = range.first_block; b < range.end_block; ++b) {
     const std::string p = cat("h.", b, ".");
-    specs.push_back({p + "ln_1.weight", {C}, false, false});
-    specs.push_back({p + "ln_1.bias", {C}, false, false});
-    specs.push_back({p + "attn.c_attn.weight", {3 * C, C}, true, true, TpSplit::kQkvRows});
-    specs.push_back({p + "attn.c_attn.bias", {3 * C}, false, false, TpSplit::kQkvRows});
-    specs.push_back({p + "attn.c_proj.weight", {C, C}, true, true, TpSplit::kCols});
-    specs.push_back({p + "attn.c_proj.bias", {C}, false, false});
+    if (attention_here(b)) {
+      specs.push_back({p + "ln_1.weight", {C}, false, false});
+      specs.push_back({p + "ln_1.bias", {C}, false, false});
+      specs.push_back({p + "attn.c_attn.weight", {3 * C, C}, true, true, TpSplit::kQkvRows});
+      specs.push_back({p + "attn.c_attn.bias", {3 * C}, false, false, TpSplit::kQkvRows});
+      specs.push_back({p + "attn.c_proj.weight", {C, C}, true, true, TpSplit::kCols});
+      specs.push_back({p + "attn.c_proj.bias", {C}, false, false});
+    }
+    if (!mlp_here(b)) continue;
     specs.push_back({p + "ln_2.weight", {C}, false, false});
     specs.push_back({p + "ln_2.bias", {C}, false, false});
     specs.push_back({p + "mlp.c_fc.weight", {4 * C, C}, true, true, TpSplit::kRows});
@@ -205,7 +224,8 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                        flat_grads_.slice(offset, offset + n).reshape(shape), s.decay, s.transposed, s.split, s.shape});
     offset += n;
   }
-  auto find = [&](const std::string& name) {
+  auto find = [&](const std::string& name, bool here = true) {
+    if (!here) return Tensor();
     for (const Param& p : params_) {
       if (p.name == name) return p.value;
     }
@@ -220,17 +240,21 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   }
   for (int b = range.first_block; b < range.end_block; ++b) {
     const std::string p = cat("h.", b, ".");
-    blocks_.push_back({find(p + "ln_1.weight"), find(p + "ln_1.bias"), find(p + "attn.c_attn.weight"),
-                       find(p + "attn.c_attn.bias"), find(p + "attn.c_proj.weight"), find(p + "attn.c_proj.bias"),
-                       find(p + "ln_2.weight"), find(p + "ln_2.bias"), find(p + "mlp.c_fc.weight"),
-                       find(p + "mlp.c_fc.bias"), find(p + "mlp.c_proj.weight"), find(p + "mlp.c_proj.bias")});
+    const bool a = attention_here(b), m = mlp_here(b);
+    blocks_.push_back({find(p + "ln_1.weight", a), find(p + "ln_1.bias", a), find(p + "attn.c_attn.weight", a),
+                       find(p + "attn.c_attn.bias", a), find(p + "attn.c_proj.weight", a),
+                       find(p + "attn.c_proj.bias", a), find(p + "ln_2.weight", m), find(p + "ln_2.bias", m),
+                       find(p + "mlp.c_fc.weight", m), find(p + "mlp.c_fc.bias", m), find(p + "mlp.c_proj.weight", m),
+                       find(p + "mlp.c_proj.bias", m)});
   }
 
   // What recomputation writes into, shared by every block and slot (model/costs.h counts the same tensors).
   auto f32 = [&](Shape s) { return device.empty(DType::kF32, s); };
   auto lowp = [&](Shape s) { return device.empty(bf16() ? DType::kBF16 : DType::kF32, s); };  // kept in bf16
   const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = int64_t{B} * T;
-  if (!blocks_.empty() && policy_.recompute == Recompute::kSelective) shared_.att = lowp({B, NH, T, T});
+  if (!blocks_.empty() && (has_attention(0) || blocks_.size() > 1) && policy_.recompute == Recompute::kSelective) {
+    shared_.att = lowp({B, NH, T, T});
+  }
   if (!blocks_.empty() && policy_.recompute == Recompute::kFull) {
     shared_ = BlockActs{lowp({B, T, C}),      f32({bt}),           f32({bt}),      lowp({B, T, 3 * Cs}),
                         lowp({B, T, Cs}),     lowp({B, NH, T, T}), f32({B, T, C}), f32({B, T, C}),
@@ -273,14 +297,31 @@ Gpt::Activations Gpt::allocate_activations() {
   for (size_t b = 0; b < blocks_.size(); ++b) {
     if (policy_.recompute == Recompute::kFull) {  // the block's output; the rest is recomputed into shared_
       BlockActs acts = shared_;
-      acts.res3 = f32({B, T, C});
+      (has_mlp(b) ? acts.res3 : acts.res2) = f32({B, T, C});
       a.blocks.push_back(acts);
       continue;
     }
-    a.blocks.push_back({lowp({B, T, C}), f32({bt}), f32({bt}), lowp({B, T, 3 * Cs}), lowp({B, T, Cs}),
-                        policy_.recompute == Recompute::kSelective ? shared_.att : lowp({B, NH, T, T}), f32({B, T, C}),
-                        f32({B, T, C}), lowp({B, T, C}), f32({bt}), f32({bt}), lowp({B, T, 4 * Cs}),
-                        lowp({B, T, 4 * Cs}), f32({B, T, C}), f32({B, T, C})});
+    BlockActs acts;
+    if (has_attention(b)) {
+      acts.ln1 = lowp({B, T, C});
+      acts.ln1_mean = f32({bt});
+      acts.ln1_rstd = f32({bt});
+      acts.qkv = lowp({B, T, 3 * Cs});
+      acts.atty = lowp({B, T, Cs});
+      acts.att = policy_.recompute == Recompute::kSelective ? shared_.att : lowp({B, NH, T, T});
+      acts.attproj = f32({B, T, C});
+      acts.res2 = f32({B, T, C});
+    }
+    if (has_mlp(b)) {
+      acts.ln2 = lowp({B, T, C});
+      acts.ln2_mean = f32({bt});
+      acts.ln2_rstd = f32({bt});
+      acts.fch = lowp({B, T, 4 * Cs});
+      acts.fch_gelu = lowp({B, T, 4 * Cs});
+      acts.fcproj = f32({B, T, C});
+      acts.res3 = f32({B, T, C});
+    }
+    a.blocks.push_back(acts);
   }
   if (range_.head) {
     a.lnf = lowp({B, T, C});
@@ -322,7 +363,12 @@ void Gpt::zero_grads() { device_->fill_zero(flat_grads_.data(), flat_grads_.byte
 const Tensor& Gpt::output() const {
   H2_CHECK(!range_.head) << "a range with the head has logits, not an output activation";
   const Activations& a = slots_[static_cast<size_t>(slot_)];
-  return a.blocks.empty() ? (range_.embedding ? a.encoded : a.input) : a.blocks.back().res3;
+  return a.blocks.empty() ? (range_.embedding ? a.encoded : a.input) : block_output(a.blocks.size() - 1);
+}
+
+const Tensor& Gpt::block_output(size_t i) const {
+  const BlockActs& a = slots_[static_cast<size_t>(slot_)].blocks[i];
+  return has_mlp(i) ? a.res3 : a.res2;
 }
 
 const Tensor& Gpt::logits() const {
@@ -338,24 +384,28 @@ const Tensor& Gpt::dinput() const {
 void Gpt::block_forward(int b, const Tensor& x) {
   const BlockParams& w = blocks_[static_cast<size_t>(b)];
   const BlockActs& a = acts().blocks[static_cast<size_t>(b)];
-  // In bf16 what LayerNorms and products write is made in the gradient buffers of its shape, unused until backward
-  // (and free at the start of a block's backward, where kFull recomputes this).
-  produce(a.ln1, g_tmp_,
-          [&](const Tensor& o) { ops::layernorm_forward(o, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b); });
-  produce(a.qkv, g_qkv_, [&](const Tensor& o) { ops::matmul_forward(o, a.ln1, low(w.qkv_w), w.qkv_b); });
-  ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
   // Row-parallel: each rank's partial product, summed over the ranks; one of them adds the bias.
   const bool bias_here = tp_.rank == 0;
-  ops::matmul_forward(a.attproj, a.atty, low(w.proj_w), bias_here ? w.proj_b : Tensor());
-  if (tp_.size > 1) tp_.all_reduce(a.attproj);
-  ops::residual_forward(a.res2, x, a.attproj);
+  // In bf16 what LayerNorms and products write is made in the gradient buffers of its shape, unused until backward
+  // (and free at the start of a block's backward, where kFull recomputes this).
+  if (has_attention(static_cast<size_t>(b))) {
+    produce(a.ln1, g_tmp_,
+            [&](const Tensor& o) { ops::layernorm_forward(o, a.ln1_mean, a.ln1_rstd, x, w.ln1_w, w.ln1_b); });
+    produce(a.qkv, g_qkv_, [&](const Tensor& o) { ops::matmul_forward(o, a.ln1, low(w.qkv_w), w.qkv_b); });
+    ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);
+    ops::matmul_forward(a.attproj, a.atty, low(w.proj_w), bias_here ? w.proj_b : Tensor());
+    if (tp_.size > 1) tp_.all_reduce(a.attproj);
+    ops::residual_forward(a.res2, x, a.attproj);
+  }
+  if (!has_mlp(static_cast<size_t>(b))) return;
+  const Tensor& mid = has_attention(static_cast<size_t>(b)) ? a.res2 : x;  // the MLP half's input
   produce(a.ln2, g_tmp_,
-          [&](const Tensor& o) { ops::layernorm_forward(o, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b); });
+          [&](const Tensor& o) { ops::layernorm_forward(o, a.ln2_mean, a.ln2_rstd, mid, w.ln2_w, w.ln2_b); });
   produce(a.fch, g_fch_, [&](const Tensor& o) { ops::matmul_forward(o, a.ln2, low(w.fc_w), w.fc_b); });
   ops::gelu_forward(a.fch_gelu, a.fch);
   ops::matmul_forward(a.fcproj, a.fch_gelu, low(w.fcproj_w), bias_here ? w.fcproj_b : Tensor());
   if (tp_.size > 1) tp_.all_reduce(a.fcproj);
-  ops::residual_forward(a.res3, a.res2, a.fcproj);
+  ops::residual_forward(a.res3, mid, a.fcproj);
 }
 
 void Gpt::refresh_bf16_weights() {
@@ -390,7 +440,7 @@ void Gpt::forward(const Tensor& input) {
   }
   for (size_t b = 0; b < blocks_.size(); ++b) {
     block_forward(static_cast<int>(b), *x);
-    x = &a.blocks[b].res3;
+    x = &block_output(b);
   }
   if (range_.head) {
     produce(a.lnf, g_lnf_,
@@ -460,6 +510,7 @@ std::vector<Gpt::NamedOutput> Gpt::forward_outputs() {
   for (size_t i = 0; i < a.blocks.size(); ++i) {
     const BlockActs& b = a.blocks[i];
     const std::string p = cat("h.", range_.first_block + static_cast<int>(i), ".");
+    int k = 0;  // the first five are the attention half's
     for (auto [suffix, op, value] : {std::tuple{"ln_1", Op::kLayernormForward, b.ln1},
                                      {"attn.c_attn", Op::kMatmulForward, b.qkv},
                                      {"attn.core", Op::kAttentionForward, b.atty},
@@ -470,7 +521,7 @@ std::vector<Gpt::NamedOutput> Gpt::forward_outputs() {
                                      {"mlp.gelu", Op::kGeluForward, b.fch_gelu},
                                      {"mlp.c_proj", Op::kMatmulForward, b.fcproj},
                                      {"residual_2", Op::kResidualForward, b.res3}}) {
-      out.push_back({p + suffix, op, value});
+      if (k++ < 5 ? has_attention(i) : has_mlp(i)) out.push_back({p + suffix, op, value});
     }
   }
   if (range_.head) {
@@ -486,7 +537,8 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
   const BlockActs& a = acts().blocks[static_cast<size_t>(b)];
   // Recomputation: the whole block's forward (kFull, into the shared buffers; the row-parallel all-reduces run
   // again), or only its attention probabilities (kSelective), from what the slot kept.
-  if (policy_.recompute != Recompute::kNone) {
+  const bool attention = has_attention(static_cast<size_t>(b)), mlp = has_mlp(static_cast<size_t>(b));
+  if (policy_.recompute == Recompute::kFull || (policy_.recompute == Recompute::kSelective && attention)) {
     device_->synchronize();
     const double start = monotonic_seconds();
     if (policy_.recompute == Recompute::kFull) {
@@ -499,20 +551,26 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
     ++recomputed_;
   }
   auto g = [&](const Tensor& value) { return grad_of(value); };
-  // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))).
-  ops::matmul_backward(g_fch_gelu_, g(w.fcproj_w), g(w.fcproj_b), dout, a.fch_gelu, low(w.fcproj_w));
-  ops::gelu_backward(g_fch_, a.fch, g_fch_gelu_);
-  ops::matmul_backward(g_ln_, g(w.fc_w), g(w.fc_b), g_fch_, a.ln2, low(w.fc_w));
-  if (tp_.size > 1) tp_.all_reduce(g_ln_);  // column-parallel: each rank's part of the input gradient
-  ops::layernorm_backward(g_tmp_, g(w.ln2_w), g(w.ln2_b), g_ln_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
-  ops::residual_forward(g_res2_, dout, g_tmp_);  // the residual path and the MLP path both reach res2
+  // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); res2 is the block's input x without the attention half.
+  if (mlp) {
+    const Tensor& mid = attention ? a.res2 : x;
+    ops::matmul_backward(g_fch_gelu_, g(w.fcproj_w), g(w.fcproj_b), dout, a.fch_gelu, low(w.fcproj_w));
+    ops::gelu_backward(g_fch_, a.fch, g_fch_gelu_);
+    ops::matmul_backward(g_ln_, g(w.fc_w), g(w.fc_b), g_fch_, a.ln2, low(w.fc_w));
+    if (tp_.size > 1) tp_.all_reduce(g_ln_);  // column-parallel: each rank's part of the input gradient
+    ops::layernorm_backward(g_tmp_, g(w.ln2_w), g(w.ln2_b), g_ln_, mid, w.ln2_w, a.ln2_mean, a.ln2_rstd);
+    // The residual path and the MLP path both reach res2.
+    ops::residual_forward(attention ? g_res2_ : dx, dout, g_tmp_);
+  }
+  if (!attention) return;
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x)))).
-  ops::matmul_backward(g_atty_, g(w.proj_w), g(w.proj_b), g_res2_, a.atty, low(w.proj_w));
+  const Tensor& dres2 = mlp ? g_res2_ : dout;
+  ops::matmul_backward(g_atty_, g(w.proj_w), g(w.proj_b), dres2, a.atty, low(w.proj_w));
   ops::attention_backward(g_qkv_, g_atty_, a.qkv, a.att, config_.n_head / tp_.size);
   ops::matmul_backward(g_ln_, g(w.qkv_w), g(w.qkv_b), g_qkv_, a.ln1, low(w.qkv_w));
   if (tp_.size > 1) tp_.all_reduce(g_ln_);
   ops::layernorm_backward(g_tmp_, g(w.ln1_w), g(w.ln1_b), g_ln_, x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
-  ops::residual_forward(dx, g_res2_, g_tmp_);
+  ops::residual_forward(dx, dres2, g_tmp_);
 }
 
 void Gpt::backward(const Tensor& dout) {
@@ -521,7 +579,7 @@ void Gpt::backward(const Tensor& dout) {
   const size_t n = blocks_.size();
   Tensor cur = n % 2 == 0 ? g_a_ : g_b_, next = n % 2 == 0 ? g_b_ : g_a_;
   const Tensor& input = range_.embedding ? a.encoded : a.input;
-  const Tensor& last_out = n > 0 ? a.blocks.back().res3 : input;
+  const Tensor& last_out = n > 0 ? block_output(n - 1) : input;
   if (range_.head) {
     // Vocabulary-parallel: each rank's columns give part of the input gradient; the group sums them.
     ops::matmul_backward(g_lnf_, grad_of(wte_), Tensor(), a.logits, a.lnf, low(wte_));
@@ -535,7 +593,7 @@ void Gpt::backward(const Tensor& dout) {
     copy(cur, dout);
   }
   for (size_t i = n; i-- > 0;) {
-    const Tensor& x = i > 0 ? a.blocks[i - 1].res3 : input;
+    const Tensor& x = i > 0 ? block_output(i - 1) : input;
     block_backward(static_cast<int>(i), x, cur, next);
     std::swap(cur, next);
   }

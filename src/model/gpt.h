@@ -108,12 +108,18 @@ struct ActivationPolicy {
 void tp_runs(TpSplit split, const Shape& full, int rank, int size,
              const std::function<void(int64_t, int64_t, int64_t)>& fn);
 
-// A contiguous range of the model's pieces.
+// A contiguous range of the model's pieces. A range may begin or end inside a block, between its attention half
+// (ln_1, attention, attn.c_proj, the first residual: out = x + attn(ln_1(x))) and its MLP half (ln_2, the MLP,
+// mlp.c_proj, the second residual): the residual stream between them is the only tensor that crosses, as between
+// blocks. Its first block may then be that block's MLP half alone (starts_at_mlp; not with the embedding) and its
+// last block its attention half alone (ends_at_attention; not with the head).
 struct GptRange {
   bool embedding = true;
   int first_block = 0;
   int end_block = 0;  // one past the last block
   bool head = true;
+  bool starts_at_mlp = false;
+  bool ends_at_attention = false;
   static GptRange whole(const GptConfig& config) { return GptRange{true, 0, config.n_layer, true}; }
 };
 
@@ -219,6 +225,10 @@ class Gpt {
   // Writes an activation kept in bf16 with a kernel that writes f32: `make` writes it into `stage` (f32, free at
   // the moment), then it is rounded into `act`; in f32, `make` writes into `act` itself.
   void produce(const Tensor& act, const Tensor& stage, const std::function<void(const Tensor&)>& make);
+  // Whether the range holds block i's (its i-th, from first_block) attention half, its MLP half.
+  bool has_attention(size_t i) const { return i > 0 || !range_.starts_at_mlp; }
+  bool has_mlp(size_t i) const { return i + 1 < blocks_.size() || !range_.ends_at_attention; }
+  const Tensor& block_output(size_t i) const;  // of the current slot: res3, or res2 without the MLP half
   void block_forward(int b, const Tensor& x);
   void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);
   float parallel_loss(const Tensor& targets, const std::vector<int32_t>& host_targets, float dloss);

@@ -44,8 +44,13 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   const int B = 3, T = 5;
   const auto nothing = [](const Tensor&) {};
-  for (GptRange range : {GptRange::whole(kTiny), GptRange{true, 0, 1, false}, GptRange{false, 1, 2, false},
-                         GptRange{false, 2, 2, true}, GptRange{false, 0, 2, true}}) {
+  // ... and ranges that begin or end inside a block: the embedding and block 0's attention half; block 0's MLP half
+  // and block 1's attention half; block 1's MLP half and the head; a lone MLP half; a lone attention half.
+  for (GptRange range :
+       {GptRange::whole(kTiny), GptRange{true, 0, 1, false}, GptRange{false, 1, 2, false}, GptRange{false, 2, 2, true},
+        GptRange{false, 0, 2, true}, GptRange{true, 0, 1, false, false, true}, GptRange{false, 0, 2, false, true, true},
+        GptRange{false, 1, 2, true, true, false}, GptRange{false, 0, 1, false, true, false},
+        GptRange{false, 1, 2, false, false, true}}) {
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       for (auto [slots, precision] :
            {std::pair{1, Precision::kF32}, {3, Precision::kF32}, {1, Precision::kBf16}, {3, Precision::kBf16}}) {
@@ -58,6 +63,8 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
                                                  .embedding = range.embedding,
                                                  .head = range.head,
                                                  .layers = range.end_block - range.first_block,
+                                                 .starts_at_mlp = range.starts_at_mlp,
+                                                 .ends_at_attention = range.ends_at_attention,
                                                  .rows = B,
                                                  .seq = T,
                                                  .tp = size,
@@ -72,10 +79,13 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
                                                   .embedding = range.embedding,
                                                   .head = range.head,
                                                   .layers = range.end_block - range.first_block,
+                                                  .starts_at_mlp = range.starts_at_mlp,
+                                                  .ends_at_attention = range.ends_at_attention,
                                                   .tp = size,
                                                   .tp_rank = rank}));
           EXPECT_DOUBLE_EQ(static_cast<double>(dev->mem_used_bytes() - before), model)
               << "blocks [" << range.first_block << ", " << range.end_block << ")" << (range.embedding ? " +E" : "")
+              << (range.starts_at_mlp ? " from MLP" : "") << (range.ends_at_attention ? " to attention" : "")
               << (range.head ? " +H " : " ") << recompute_name(r) << ", " << slots << " slots, TP rank " << rank
               << " of " << size << ", " << precision_name(precision);
         }
@@ -198,6 +208,76 @@ TEST(Gpt, RangesComputeWhatTheWholeModelComputes) {
     ASSERT_EQ(got.size(), want.size()) << p.name;
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-6f) << p.name << "[" << i << "]";
   }
+}
+
+// Stages whose boundaries fall inside blocks compute what the whole model computes: the embedding, block 0 and
+// block 1's attention half | block 1's MLP half and block 2's attention half | block 2's MLP half and the head,
+// under each recomputation policy, chained through output() and dinput() as a pipeline chains them. The whole
+// model is the reference: the same loss and, for every parameter, the same gradient (wte's summed over both ends).
+TEST(Gpt, RangesSplitInsideBlocksComputeWhatTheWholeModelComputes) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  const int B = 2, T = 6;
+  GptConfig c = kTiny;
+  c.n_layer = 3;
+  Tensor tokens = random_tokens(*dev, B, T, c.vocab_size, 3), targets = random_tokens(*dev, B, T, c.vocab_size, 4);
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    const ActivationPolicy policy{r, 1, Precision::kF32};
+    Gpt whole(c, *dev, GptRange::whole(c), B, T, {}, policy);
+    std::vector<Gpt> stages;
+    stages.reserve(3);
+    stages.emplace_back(c, *dev, GptRange{true, 0, 2, false, false, true}, B, T, TensorParallel{}, policy);
+    stages.emplace_back(c, *dev, GptRange{false, 1, 3, false, true, true}, B, T, TensorParallel{}, policy);
+    stages.emplace_back(c, *dev, GptRange{false, 2, 3, true, true, false}, B, T, TensorParallel{}, policy);
+    whole.init(7);
+    whole.zero_grads();
+    whole.forward(tokens);
+    const float loss_whole = whole.loss(targets);
+    whole.backward();
+    for (Gpt& m : stages) {
+      m.init(7);
+      m.zero_grads();
+    }
+    stages[0].forward(tokens);
+    stages[1].forward(stages[0].output());
+    stages[2].forward(stages[1].output());
+    const float loss_split = stages[2].loss(targets);
+    stages[2].backward();
+    stages[1].backward(stages[2].dinput());
+    stages[0].backward(stages[1].dinput());
+    EXPECT_FLOAT_EQ(loss_whole, loss_split) << recompute_name(r);
+    size_t params = 0;
+    for (const Gpt& m : stages) params += const_cast<Gpt&>(m).params().size();
+    EXPECT_EQ(params, whole.params().size() + 1) << "every parameter in one stage, wte in two";
+    for (const Gpt::Param& p : whole.params()) {
+      const std::vector<float> want = host(p.grad);
+      std::vector<float> got(want.size(), 0.0f);
+      int holders = 0;
+      for (Gpt& m : stages) {
+        for (const Gpt::Param& q : m.params()) {
+          if (q.name != p.name) continue;
+          ++holders;
+          const std::vector<float> g = host(q.grad);
+          ASSERT_EQ(g.size(), want.size()) << p.name;
+          for (size_t i = 0; i < g.size(); ++i) got[i] += g[i];
+        }
+      }
+      EXPECT_EQ(holders, p.name == "wte.weight" ? 2 : 1) << p.name;
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR(got[i], want[i], 1e-6f) << p.name << "[" << i << "] " << recompute_name(r);
+      }
+    }
+  }
+}
+
+// A range cannot split a block the embedding or the head must follow whole, nor hold no half of one.
+TEST(Gpt, ARangeSplittingABlockWrongIsRefused) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  for (GptRange bad : {GptRange{true, 0, 1, false, true, false}, GptRange{false, 1, 2, true, false, true},
+                       GptRange{false, 0, 1, false, true, true}, GptRange{false, 1, 1, false, true, false}}) {
+    EXPECT_THAT(testing_util::error_of([&] { Gpt(kTiny, *dev, bad, 2, 6); }, ErrorCode::kInvalidArgument),
+                ::testing::HasSubstr("hold no half of a block or split one"));
+  }
+  EXPECT_EQ(dev->mem_used_bytes(), 0u);
 }
 
 // One forward and backward of a 3-layer model on `backend` in `precision`: the loss and every gradient.
