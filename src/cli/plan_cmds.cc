@@ -19,7 +19,7 @@ namespace {
 struct PlanCmd {
   std::string cluster = "examples/cluster_hetero1024.yaml", model = "examples/model_100b.yaml",
               train = "examples/train_100b.yaml", out, baseline, layout;
-  bool compare = false, no_interleave = false;
+  bool compare = false, no_interleave = false, whole_blocks = false;
   double budget = 5;
   int threads = 0;
 };
@@ -42,6 +42,7 @@ int run_plan(const PlanCmd& o) {
   if (!o.layout.empty()) return run_layout(o, in, costs);
   PlannerOptions options;
   options.interleave = !o.no_interleave;
+  options.split_blocks = !o.whole_blocks;
   options.time_budget_s = o.budget;
   options.threads = o.threads;
   SearchStats stats;
@@ -139,6 +140,8 @@ void register_plan(CLI::App& app, Command& selected) {
   pl->add_flag("--no-interleave", o->no_interleave,
                "leave interleaved 1F1B out of the search (h2 train --cluster does on emulated chips, which share the "
                "host's cores)");
+  pl->add_flag("--whole-blocks", o->whole_blocks,
+               "stages begin and end at whole blocks (no stage boundary between a block's attention and its MLP)");
   pl->add_option("--layout", o->layout,
                  "cost this layout as given instead of searching (stages, TP, DP, layers, recomputation, "
                  "micro-batch, schedule; docs/planner.md)")

@@ -57,7 +57,7 @@ double layer_forward_flops(const TransformerShape& s, int64_t T) {
 }
 
 std::vector<OpWork> block_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,
-                              bool backward) {
+                              bool backward, BlockPart part) {
   const double N = static_cast<double>(B) * static_cast<double>(T), t = tp, C = static_cast<double>(s.hidden);
   const double Q = C + 2.0 * static_cast<double>(s.kv_dim()), F = static_cast<double>(s.ffn);
   const double att = static_cast<double>(B) * static_cast<double>(s.heads) / t * static_cast<double>(T) * T;
@@ -74,29 +74,35 @@ std::vector<OpWork> block_ops(const TransformerShape& s, int64_t B, int64_t T, i
                   .n = n};
   };
   const double stats = 8 * N;  // a LayerNorm's mean and rstd, f32
+  std::vector<OpWork> ops;
   if (!backward) {
-    return {{"ln_1", OpClass::kMemory, 0, 2 * N * C * e + stats},
-            gemm("c_attn", C, Q / t, 1),
-            {"attention", OpClass::kAttentionForward, core, (N * Q / t + N * C / t) * e + 2 * att * e},
-            gemm("attn.c_proj", C / t, C, 1),
-            {"residual", OpClass::kMemory, 0, 3 * N * C * e},
-            {"ln_2", OpClass::kMemory, 0, 2 * N * C * e + stats},
-            gemm("c_fc", C, F / t, 1),
-            {"gelu", OpClass::kMemory, 0, 2 * N * F / t * e},
-            gemm("mlp.c_proj", F / t, C, 1),
-            {"residual", OpClass::kMemory, 0, 3 * N * C * e}};
+    ops = {{"ln_1", OpClass::kMemory, 0, 2 * N * C * e + stats},
+           gemm("c_attn", C, Q / t, 1),
+           {"attention", OpClass::kAttentionForward, core, (N * Q / t + N * C / t) * e + 2 * att * e},
+           gemm("attn.c_proj", C / t, C, 1),
+           {"residual", OpClass::kMemory, 0, 3 * N * C * e},
+           {"ln_2", OpClass::kMemory, 0, 2 * N * C * e + stats},
+           gemm("c_fc", C, F / t, 1),
+           {"gelu", OpClass::kMemory, 0, 2 * N * F / t * e},
+           gemm("mlp.c_proj", F / t, C, 1),
+           {"residual", OpClass::kMemory, 0, 3 * N * C * e}};
+  } else {
+    // Each GEMM's backward is two (the input's gradient and the weight's), read and written like the forward's.
+    ops = {gemm("mlp.c_proj backward", F / t, C, 2),
+           {"gelu backward", OpClass::kMemory, 0, 3 * N * F / t * e},
+           gemm("c_fc backward", C, F / t, 2),
+           {"ln_2 backward", OpClass::kMemory, 0, 3 * N * C * e + stats},
+           {"residual", OpClass::kMemory, 0, 3 * N * C * e},
+           gemm("attn.c_proj backward", C / t, C, 2),
+           {"attention backward", OpClass::kAttention, 2 * core, (2 * N * Q / t + N * C / t) * e + 2 * att * e},
+           gemm("c_attn backward", C, Q / t, 2),
+           {"ln_1 backward", OpClass::kMemory, 0, 3 * N * C * e + stats},
+           {"residual", OpClass::kMemory, 0, 3 * N * C * e}};
   }
-  // Each GEMM's backward is two (the input's gradient and the weight's), read and written like the forward's.
-  return {gemm("mlp.c_proj backward", F / t, C, 2),
-          {"gelu backward", OpClass::kMemory, 0, 3 * N * F / t * e},
-          gemm("c_fc backward", C, F / t, 2),
-          {"ln_2 backward", OpClass::kMemory, 0, 3 * N * C * e + stats},
-          {"residual", OpClass::kMemory, 0, 3 * N * C * e},
-          gemm("attn.c_proj backward", C / t, C, 2),
-          {"attention backward", OpClass::kAttention, 2 * core, (2 * N * Q / t + N * C / t) * e + 2 * att * e},
-          gemm("c_attn backward", C, Q / t, 2),
-          {"ln_1 backward", OpClass::kMemory, 0, 3 * N * C * e + stats},
-          {"residual", OpClass::kMemory, 0, 3 * N * C * e}};
+  if (part == BlockPart::kWhole) return ops;
+  // Five kernels each: forward the attention half's first, backward the MLP half's.
+  const bool first = (part == BlockPart::kAttention) != backward;
+  return first ? std::vector<OpWork>(ops.begin(), ops.begin() + 5) : std::vector<OpWork>(ops.begin() + 5, ops.end());
 }
 
 std::vector<OpWork> embedding_ops(const TransformerShape& s, int64_t B, int64_t T, int, double e, double w,
@@ -158,9 +164,10 @@ int64_t stage_params(const StageMemorySpec& m) {
   // A block: LayerNorms and the row-parallel biases whole, the rest divided (gpt.h: column- and row-parallel); its
   // attention half ln_1, c_attn and attn.c_proj, its MLP half ln_2, c_fc and mlp.c_proj.
   const int64_t block = 4 * C + 2 * C + (C * qkv + qkv + C * C + 2 * C * s.ffn + s.ffn) / t;
-  const int64_t attention = 3 * C + (C * qkv + qkv + C * C) / t, mlp = 3 * C + (2 * C * s.ffn + s.ffn) / t;
   const BlockHalves h = halves(m);
-  int64_t n = h.whole * block + h.attention * attention + h.mlp * mlp;
+  int64_t n = h.whole * block;
+  if (h.attention > 0) n += h.attention * (3 * C + (C * qkv + qkv + C * C) / t);
+  if (h.mlp > 0) n += h.mlp * (3 * C + (2 * C * s.ffn + s.ffn) / t);
   const int64_t wte = vocab_rows(m) * C;
   if (m.embedding) n += wte + s.seq_len * C;
   if (m.head) n += 2 * C + (!m.embedding || !s.tied_embeddings ? wte : 0);  // its own copy of the tied table
@@ -194,17 +201,20 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   // A half block keeps its half's tensors (attention: ln1 and its statistics, qkv, the attention output and
   // probabilities, attproj, res2; MLP: ln2 and its statistics, both MLP activations, fcproj, res3), or under full
   // recomputation its output alone.
-  const double half_stats = 2 * bt * kStatBytes;
-  const double attention_kept = m.recompute == Recompute::kFull
-                                    ? bt * C * e.activation
-                                    : bt * (2 * C * e.activation + (C + (qkv + C) / t) * e.block_activation) +
-                                          half_stats + (m.recompute == Recompute::kNone ? att * e.block_activation : 0);
-  const double mlp_kept = m.recompute == Recompute::kFull
-                              ? bt * C * e.activation
-                              : bt * (2 * C * e.activation + (C + 2 * ffn / t) * e.block_activation) + half_stats;
   const BlockHalves h = halves(m);
-  r.activations = static_cast<double>(h.whole) * block_kept + static_cast<double>(h.attention) * attention_kept +
-                  static_cast<double>(h.mlp) * mlp_kept;
+  r.activations = static_cast<double>(h.whole) * block_kept;
+  if (h.attention + h.mlp > 0) {
+    const double half_stats = 2 * bt * kStatBytes;
+    const double attention_kept = m.recompute == Recompute::kFull
+                                      ? bt * C * e.activation
+                                      : bt * (2 * C * e.activation + (C + (qkv + C) / t) * e.block_activation) +
+                                            half_stats +
+                                            (m.recompute == Recompute::kNone ? att * e.block_activation : 0);
+    const double mlp_kept = m.recompute == Recompute::kFull
+                                ? bt * C * e.activation
+                                : bt * (2 * C * e.activation + (C + 2 * ffn / t) * e.block_activation) + half_stats;
+    r.activations += static_cast<double>(h.attention) * attention_kept + static_cast<double>(h.mlp) * mlp_kept;
+  }
   if (m.embedding) r.activations += bt * C * e.activation;  // the embedding's output
   if (m.head)
     r.activations += bt * C * e.block_activation + 3 * bt * kStatBytes + bt * V * e.logits;  // ln_f, stats, logits

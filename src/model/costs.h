@@ -75,9 +75,11 @@ struct OpWork {
   double rows = 0, k = 0, n = 0;
 };
 // `e` bytes per activation element and `w` per weight; the loss and its statistics are f32. The TP all-reduces
-// are communication, not listed here.
+// are communication, not listed here. A block's kernels, or one half's (a stage boundary inside a block: model/gpt.h's
+// GptRange): the attention half's ln_1, c_attn, attention core, attn.c_proj and residual, the MLP half's the rest.
+enum class BlockPart { kWhole, kAttention, kMlp };
 std::vector<OpWork> block_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,
-                              bool backward);
+                              bool backward, BlockPart part = BlockPart::kWhole);
 std::vector<OpWork> embedding_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,
                                   bool backward);
 std::vector<OpWork> head_ops(const TransformerShape& s, int64_t B, int64_t T, int tp, double e, double w,

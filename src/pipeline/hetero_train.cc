@@ -55,18 +55,26 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
              plan.num_micro_batches, ")"));
   }
   const int64_t rows = plan.global_batch / plan.num_micro_batches;
-  int next_layer = 0;
+  int next_half = 0;  // half-blocks: a stage may begin at a block's MLP half
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
     const std::string where = cat("stage ", i, " (", s.chip, "): ");
     if (plan.chunks > 1 && s.layers < plan.chunks) {
       fail(cat(where, s.layers, " layers for ", plan.chunks, " chunks; each chunk needs at least one"));
     }
-    if (s.first_layer != next_layer || s.layers < 0) {
-      fail(cat(where, "first_layer ", s.first_layer, " with ", s.layers, " layers; the stages must cover blocks 0..",
-               model.n_layer - 1, " in order"));
+    if (plan.chunks > 1 && (s.starts_at_mlp || s.ends_at_attention)) {
+      fail(cat(where, "interleaved stages hold whole blocks; a boundary inside a block needs 1f1b"));
     }
-    next_layer += s.layers;
+    if (2 * s.first_layer + s.starts_at_mlp != next_half || s.layers < 0 ||
+        ((s.starts_at_mlp || s.ends_at_attention) && s.halves() < 1)) {
+      fail(cat(where, "first_layer ", s.first_layer, s.starts_at_mlp ? " (from its MLP half)" : "", " with ", s.layers,
+               " layers; the stages must cover blocks 0..", model.n_layer - 1, " in order",
+               next_half % 2 == 1 ? ", this one from the MLP half of the block the stage before ends in" : ""));
+    }
+    if ((s.starts_at_mlp && s.embedding) || (s.ends_at_attention && s.head)) {
+      fail(cat(where, "the embedding's stage starts, and the head's ends, with a whole block"));
+    }
+    next_half += s.halves();
     if (s.embedding != (i == 0) || s.head != (i + 1 == plan.stages.size())) {
       fail(cat(where, "only the first stage may hold the embedding and only the last the head"));
     }
@@ -78,7 +86,9 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
                "num_micro_batches)"));
     }
   }
-  if (next_layer != model.n_layer) fail(cat("the stages hold ", next_layer, " blocks; the model has ", model.n_layer));
+  if (next_half != 2 * model.n_layer) {
+    fail(cat("the stages hold ", next_half / 2.0, " blocks; the model has ", model.n_layer));
+  }
 }
 
 GptConfig gpt_config_of(const TransformerShape& shape) {
@@ -275,7 +285,8 @@ void RankTraining::build_stage() {
   for (int c = 0; c < plan_.chunks; ++c) {
     const int vs = c * layout_.num_stages() + place_.stage;
     const ChunkLayers& v = virtual_stages_[static_cast<size_t>(vs)];
-    const GptRange range{v.embedding, v.first_layer, v.first_layer + v.layers, v.head};
+    const GptRange range{v.embedding, v.first_layer,   v.first_layer + v.layers,
+                         v.head,      v.starts_at_mlp, v.ends_at_attention};
     // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
     runners_.push_back(std::make_unique<StageRunner>(
         c_.model, *device_, range, layout_, comms_, rows_, T_,
@@ -426,6 +437,8 @@ StageMemory RankTraining::predicted_memory(int rank) const {
                              .embedding = s.embedding,
                              .head = s.head,
                              .layers = s.layers,
+                             .starts_at_mlp = s.starts_at_mlp,
+                             .ends_at_attention = s.ends_at_attention,
                              .rows = layout_.stages[static_cast<size_t>(p.stage)].rows_of(p.replica, rows_),
                              .seq = T_,
                              .tp = s.tp,

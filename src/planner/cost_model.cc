@@ -27,8 +27,12 @@ const CostModel::PieceTimes& CostModel::piece_times(int chip, int tp, int b) con
   if (fresh) {
     PieceTimes& t = it->second;
     t.layer_forward_s = layer_forward_s(chip, tp, b);
+    t.attention_forward_s = layer_forward_s(chip, tp, b, BlockPart::kAttention);
+    t.mlp_forward_s = layer_forward_s(chip, tp, b, BlockPart::kMlp);
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       t.layer_backward_s[static_cast<int>(r)] = layer_backward_s(chip, tp, b, r);
+      t.attention_backward_s[static_cast<int>(r)] = layer_backward_s(chip, tp, b, r, BlockPart::kAttention);
+      t.mlp_backward_s[static_cast<int>(r)] = layer_backward_s(chip, tp, b, r, BlockPart::kMlp);
     }
     t.embedding_forward_s = embedding_forward_s(chip, tp, b);
     t.embedding_backward_s = embedding_backward_s(chip, tp, b);
@@ -97,24 +101,28 @@ double CostModel::stage_kernels_s(int chip, const std::vector<OpWork>& ops, doub
          static_cast<double>(ops.size()) * cluster_.chips[static_cast<size_t>(chip)].run_kernel_us * 1e-6;
 }
 
-double CostModel::layer_forward_s(int chip, int tp, int b) const {
+// A half's kernels take the block's part correction (the profile timed whole blocks) and one of its two all-reduces.
+double CostModel::layer_forward_s(int chip, int tp, int b, BlockPart part) const {
   const double e = k_.bytes.activation, w = k_.bytes.weight;
-  return stage_kernels_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false),
+  const double all_reduces = part == BlockPart::kWhole ? 2 : 1;
+  return stage_kernels_s(chip, block_ops(model_, b, model_.seq_len, tp, e, w, false, part),
                          part_factor(chip, tp, b, false, false)) +
-         2 * tp_allreduce_s(chip, tp, b);
+         all_reduces * tp_allreduce_s(chip, tp, b);
 }
 
-double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r) const {
+double CostModel::layer_backward_s(int chip, int tp, int b, Recompute r, BlockPart part) const {
   const double e = k_.bytes.activation, w = k_.bytes.weight;
-  std::vector<OpWork> kernels = block_ops(model_, b, model_.seq_len, tp, e, w, true);
+  const double all_reduces = part == BlockPart::kWhole ? 2 : 1;
+  std::vector<OpWork> kernels = block_ops(model_, b, model_.seq_len, tp, e, w, true, part);
   if (r == Recompute::kSelective) {
     // Only the attention core again (Korthikanti et al. 2022): the forward's attention kernel.
-    for (const OpWork& op : block_ops(model_, b, model_.seq_len, tp, e, w, false)) {
+    for (const OpWork& op : block_ops(model_, b, model_.seq_len, tp, e, w, false, part)) {
       if (op.kind == OpClass::kAttentionForward) kernels.push_back(op);
     }
   }
-  double s = stage_kernels_s(chip, kernels, part_factor(chip, tp, b, false, true)) + 2 * tp_allreduce_s(chip, tp, b);
-  if (r == Recompute::kFull) s += layer_forward_s(chip, tp, b);  // the whole forward again, its TP all-reduces too
+  double s =
+      stage_kernels_s(chip, kernels, part_factor(chip, tp, b, false, true)) + all_reduces * tp_allreduce_s(chip, tp, b);
+  if (r == Recompute::kFull) s += layer_forward_s(chip, tp, b, part);  // the forward again, its all-reduces too
   return s;
 }
 

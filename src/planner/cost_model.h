@@ -54,11 +54,16 @@ class CostModel {
   // asks for the same few combinations across thousands of layouts).
   struct PieceTimes {
     double layer_forward_s = 0, layer_backward_s[3] = {0, 0, 0};  // backward by Recompute
+    // A block's halves alone (a stage boundary inside a block), the same way.
+    double attention_forward_s = 0, attention_backward_s[3] = {0, 0, 0};
+    double mlp_forward_s = 0, mlp_backward_s[3] = {0, 0, 0};
     double embedding_forward_s = 0, embedding_backward_s = 0, head_forward_s = 0, head_backward_s = 0;
   };
   const PieceTimes& piece_times(int chip, int tp, int b) const;
-  double layer_forward_s(int chip, int tp, int b) const;                // compute + TP all-reduces
-  double layer_backward_s(int chip, int tp, int b, Recompute r) const;  // + recomputation
+  // A block's, or one half's: compute + TP all-reduces (two a block, one a half); backward + recomputation (selective:
+  // the attention half's core again; full: its forward again).
+  double layer_forward_s(int chip, int tp, int b, BlockPart part = BlockPart::kWhole) const;
+  double layer_backward_s(int chip, int tp, int b, Recompute r, BlockPart part = BlockPart::kWhole) const;
   // The vocabulary-parallel embedding and head: each TP rank its 1/tp of the vocabulary, then the group's sum.
   double embedding_forward_s(int chip, int tp, int b) const;
   double embedding_backward_s(int chip, int tp, int b) const;

@@ -63,7 +63,13 @@ void check_layout(const CostModel& c, const LayoutSpec& s,
     fewest = std::min(fewest, s.layers[i]);
     if (st.mix.empty()) used[static_cast<size_t>(st.chip)] += st.tp * dp;
   }
-  if (total != m.layers) fail(kTop, "stages", cat("the stages hold ", total, " layers; the model has ", m.layers));
+  const int64_t units = s.halves ? 2 * m.layers : m.layers;
+  if (total != units) {
+    fail(kTop, "stages", cat("the stages hold ", s.halves ? total / 2.0 : total, " layers; the model has ", m.layers));
+  }
+  if (s.halves && l.schedule == ScheduleKind::kInterleaved) {
+    fail(kTop, "schedule", "interleaved stages hold whole blocks; a stage boundary inside a block needs 1f1b");
+  }
   for (size_t k = 0; k < used.size(); ++k) {
     if (used[k] > c.cluster().devices_of(static_cast<int>(k))) {
       fail(kTop, "stages",
@@ -201,8 +207,12 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
       throw Error(ErrorCode::kConfig, cat("stages[", i, "].chip: a chip type of stage ", i, " (", plan.stages[i].chip,
                                           ") is not in cluster ", c.cluster().name));
     }
-    s.layers.push_back(plan.stages[i].layers);
+    s.layers.push_back(plan.stages[i].halves());
+    s.halves = s.halves || plan.stages[i].starts_at_mlp || plan.stages[i].ends_at_attention;
     s.recompute.push_back(plan.stages[i].recompute);
+  }
+  if (!s.halves) {
+    for (size_t i = 0; i < plan.stages.size(); ++i) s.layers[i] = plan.stages[i].layers;
   }
   check_layout(c, s, [&](size_t stage, const char* field, const std::string& what) {
     throw Error(ErrorCode::kConfig,
@@ -214,7 +224,8 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
 Plan cost_layout(const CostModel& c, const LayoutSpec& s) {
   FitFailure failure;
   std::optional<Plan> plan =
-      score_split(c, s.layout, s.layers, &failure, ScoreOptions{.recompute = s.recompute, .require_fit = false});
+      score_split(c, s.layout, s.layers, &failure,
+                  ScoreOptions{.recompute = s.recompute, .require_fit = false, .halves = s.halves});
   H2_CHECK(plan.has_value()) << "a plan is scored whether or not it fits";
   score_by_replay(c, *plan);
   plan->why = "costed as given (--layout)";

@@ -23,7 +23,8 @@ namespace h2 {
 
 struct LayoutSpec {
   Layout layout;
-  std::vector<int> layers;                          // per stage
+  std::vector<int> layers;  // per stage; half-blocks with `halves`
+  bool halves = false;      // a stage boundary inside a block (ScoreOptions::halves): the layers are half-blocks
   std::vector<std::optional<Recompute>> recompute;  // per stage
 };
 

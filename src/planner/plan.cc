@@ -171,6 +171,8 @@ std::string Plan::to_json() const {
   for (const StagePlan& s : stages) {
     nlohmann::ordered_json st;
     visit_stage(s, Writer{st});
+    if (s.starts_at_mlp) st["starts_at_mlp"] = true;
+    if (s.ends_at_attention) st["ends_at_attention"] = true;
     st["memory_headroom"] = s.capacity_bytes > 0 ? 1.0 - s.memory_bytes / s.capacity_bytes : 0.0;  // derived
     for (const ReplicaGroup& g : s.groups) {
       nlohmann::ordered_json gj;
@@ -198,7 +200,7 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
   top("format", format);
   if (format != "h2-plan") throw Error(ErrorCode::kConfig, cat(source, ": not an H2 plan (format is not h2-plan)"));
   top("version", p.version);
-  if (p.version != kPlanVersion && p.version != 3) {
+  if (p.version != kPlanVersion && p.version != 4 && p.version != 3) {
     throw Error(ErrorCode::kConfig,
                 cat(source, ": plan version ", p.version, "; this build reads version ", kPlanVersion));
   }
@@ -217,7 +219,11 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
     const std::string where = cat("stages[", i, "].");
     if (!stages[i].is_object()) top.fail(cat("stages[", i, "]").c_str(), "expected an object");
     StagePlan st;
-    visit_stage(st, Reader{stages[i], source, where});
+    const Reader stage{stages[i], source, where};
+    visit_stage(st, stage);
+    // Written only when set (a plan of whole blocks reads the same as before version 5).
+    if (stages[i].contains("starts_at_mlp")) stage("starts_at_mlp", st.starts_at_mlp);
+    if (stages[i].contains("ends_at_attention")) stage("ends_at_attention", st.ends_at_attention);
     if (stages[i].contains("groups")) {
       const nlohmann::json& groups = stages[i].at("groups");
       if (!groups.is_array()) Reader{stages[i], source, where}.fail("groups", "expected a list");
@@ -303,7 +309,8 @@ void check_plan(const Plan& p, const std::string& source) {
   }
   if (p.stages.empty()) fail("stages", "there are none");
   const int64_t rows = int64_t{p.dp} * p.micro_batch;  // a micro-batch's sequences over a stage's replicas
-  int next_layer = 0, fewest_layers = p.shape.layers;
+  int next_half = 0, fewest_layers = p.shape.layers;
+  bool any_half = false;
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const StagePlan& s = p.stages[i];
     const std::string where = cat("stages[", i, "].");
@@ -327,10 +334,18 @@ void check_plan(const Plan& p, const std::string& source) {
       fail(where + "groups", cat("their ", replicas, " replicas take ", shared, " sequences; the stage has dp ", s.dp,
                                  " and a micro-batch ", rows));
     }
-    if (s.first_layer != next_layer || s.layers < 0) {
-      fail(where + "first_layer", cat("layers ", s.first_layer, "..", s.first_layer + s.layers - 1,
-                                      ": the stages must cover the layers in order from 0"));
+    if (s.layers < 0 || 2 * s.first_layer + s.starts_at_mlp != next_half) {
+      fail(where + "first_layer",
+           cat("layers ", s.first_layer, "..", s.first_layer + s.layers - 1,
+               s.starts_at_mlp ? " from the MLP half" : "", ": the stages must cover the layers in order from 0",
+               next_half % 2 == 1 ? ", this one from the MLP half of the block the stage before ends in" : ""));
     }
+    if ((s.starts_at_mlp || s.ends_at_attention) && s.halves() < 1) {
+      fail(where + "layers", cat(s.layers, " layers from an MLP half to an attention half hold no half-block"));
+    }
+    if (s.starts_at_mlp && s.embedding) fail(where + "starts_at_mlp", "the embedding's stage starts at a whole block");
+    if (s.ends_at_attention && s.head) fail(where + "ends_at_attention", "the head's stage ends with a whole block");
+    any_half = any_half || s.starts_at_mlp || s.ends_at_attention;
     for (auto [v, name] : {std::pair{s.forward_s, "forward_s"},
                            {s.backward_s, "backward_s"},
                            {s.send_s, "send_s"},
@@ -344,11 +359,11 @@ void check_plan(const Plan& p, const std::string& source) {
       const double most = std::string_view(name).ends_with("_s") ? 1e6 : 1e15;
       if (!(v >= 0 && v <= most)) fail(where + name, cat("must be in [0, ", most, "], got ", v));
     }
-    next_layer += s.layers;
+    next_half += s.halves();
     fewest_layers = std::min(fewest_layers, s.layers);
   }
-  if (next_layer != p.shape.layers) {
-    fail("stages", cat("the stages hold ", next_layer, " of the model's ", p.shape.layers, " layers"));
+  if (next_half != 2 * p.shape.layers) {
+    fail("stages", cat("the stages hold ", next_half / 2.0, " of the model's ", p.shape.layers, " layers"));
   }
   if (p.chunks < 1) fail("chunks", cat("must be >= 1, got ", p.chunks));
   // The schedule lists every stage's forward and backward of every micro-batch and chunk: bound it before building.
@@ -358,6 +373,7 @@ void check_plan(const Plan& p, const std::string& source) {
                                   " micro-batches make a schedule of ", actions, " actions; at most 5e7"));
   }
   if (p.schedule == ScheduleKind::kInterleaved) {
+    if (any_half) fail("schedule", "interleaved stages hold whole blocks; a stage boundary inside a block needs 1f1b");
     if (p.chunks > fewest_layers) {
       fail("chunks", cat(p.chunks, " chunks per stage, but a stage has only ", fewest_layers,
                          " layers; each chunk needs at least one"));
@@ -381,6 +397,11 @@ std::vector<ChunkLayers> virtual_stages(const Plan& plan) {
     c.layers = chunk_layers(plan.stages[static_cast<size_t>(k % p)].layers, v, k / p);
     c.embedding = k == 0 && plan.stages.front().embedding;
     c.head = k == p * v - 1 && plan.stages.back().head;
+    if (v == 1) {
+      c.first_layer = plan.stages[static_cast<size_t>(k)].first_layer;
+      c.starts_at_mlp = plan.stages[static_cast<size_t>(k)].starts_at_mlp;
+      c.ends_at_attention = plan.stages[static_cast<size_t>(k)].ends_at_attention;
+    }
     first += c.layers;
   }
   return out;

@@ -10,7 +10,9 @@
 
 namespace h2 {
 
-inline constexpr int kPlanVersion = 4;  // 4: stages whose replicas mix chip types (groups); 3 still loads
+// 5: stage boundaries inside blocks (starts_at_mlp, ends_at_attention); 4: stages whose replicas mix chip types
+// (groups); 3 and 4 still load.
+inline constexpr int kPlanVersion = 5;
 
 // The replicas of one chip type in a stage whose replicas are of several types: each takes `rows` sequences of a
 // micro-batch (uneven shares, in proportion to the chips' speed), so the stage's replicas finish together.
@@ -32,6 +34,10 @@ struct StagePlan {
   int dp = 1;           // data-parallel degree: replicas of the stage
   int first_layer = 0;  // transformer blocks [first_layer, first_layer + layers)
   int layers = 0;
+  // A boundary inside a block (model/gpt.h's GptRange): the first block is its MLP half alone (the stage before
+  // ends after its attention half), the last block its attention half alone. Not with the embedding (first) or the
+  // head (last), nor interleaved.
+  bool starts_at_mlp = false, ends_at_attention = false;
   bool embedding = false;  // holds the token/position embedding (first stage)
   bool head = false;       // holds the final LayerNorm, output head and loss (last stage)
   Recompute recompute = Recompute::kNone;
@@ -53,6 +59,9 @@ struct StagePlan {
   std::vector<ReplicaGroup> groups;
 
   int devices() const { return tp * dp; }
+  // Its blocks in half-blocks (a whole block 2, a half 1), and the first half-block after it.
+  int halves() const { return 2 * layers - starts_at_mlp - ends_at_attention; }
+  int end_half() const { return 2 * first_layer + starts_at_mlp + halves(); }
   // The replicas of each chip type: its groups, or else all dp replicas of its own chip as one group (rows 0: an
   // equal share each) with the stage's own recomputation, times and memory.
   std::vector<ReplicaGroup> replica_groups() const;
@@ -101,6 +110,7 @@ StepEnd end_of_step(const Plan& plan, const std::vector<double>& finish);
 struct ChunkLayers {
   int first_layer = 0, layers = 0;
   bool embedding = false, head = false;
+  bool starts_at_mlp = false, ends_at_attention = false;  // the stage's (one chunk only)
 };
 std::vector<ChunkLayers> virtual_stages(const Plan& plan);  // per virtual stage
 

@@ -21,6 +21,18 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// A stage's blocks by what it holds of them, from half-block `first` to `end` (a block is two half-blocks, its
+// attention half first): whole blocks, a lone MLP half at its start, a lone attention half at its end.
+struct Pieces {
+  int64_t whole = 0, attention = 0, mlp = 0;
+  int64_t blocks() const { return whole + attention + mlp; }
+};
+Pieces pieces(int64_t first, int64_t end) {
+  if (end <= first) return {};
+  const int64_t mlp = first % 2, attention = end - first - mlp > 0 ? end % 2 : 0;
+  return {(end - first - mlp - attention) / 2, attention, mlp};
+}
+
 // Per-stage quantities that do not depend on the number of layers. Memory is model/costs.h's stage_memory, which is
 // affine in the number of layers n >= 1 (up to ZeRO-1's rounding of the optimizer shard, a few bytes):
 // fixed[r] + n per_layer[r].
@@ -36,6 +48,10 @@ struct StageTerms {
   double fixed_bytes[3];      // by Recompute
   double per_layer_bytes[3];  // by Recompute: a layer's state and its activations for every micro-batch in flight
   double state_layer_bytes;   // a layer's weights, gradients and optimizer state
+  // A lone half of a block (a stage boundary inside it), the same way; its bytes only with one chunk, once asked
+  // (fill_half_memory).
+  double fwd_attention_s, fwd_mlp_s, bwd_attention_s[3], bwd_mlp_s[3];
+  double attention_bytes[3], mlp_bytes[3];
   // The stage with no layers (a vocabulary-only stage), exactly: fixed_bytes, extrapolated from one and two layers,
   // also holds the buffers a stage has once it has any block (gradient scratch, recomputation's), which would
   // refuse a head alone on a chip it fits.
@@ -59,6 +75,47 @@ struct StageTerms {
     double slowest = fwd_layer_s + bwd_layer_s[static_cast<int>(r)];
     for (const StageTerms& s : shares) slowest = std::max(slowest, s.layer_s(r));
     return slowest;
+  }
+  // Forward and backward of the blocks in `q` on one replica of this chip type (not its shares).
+  double forward_s(const Pieces& q) const {
+    return static_cast<double>(q.whole) * fwd_layer_s + static_cast<double>(q.attention) * fwd_attention_s +
+           static_cast<double>(q.mlp) * fwd_mlp_s;
+  }
+  double backward_s(const Pieces& q, Recompute r) const {
+    const int i = static_cast<int>(r);
+    return static_cast<double>(q.whole) * bwd_layer_s[i] + static_cast<double>(q.attention) * bwd_attention_s[i] +
+           static_cast<double>(q.mlp) * bwd_mlp_s[i];
+  }
+  // Whether the blocks in `q` fit on this chip type with recomputation r.
+  bool fits(const Pieces& q, Recompute r) const {
+    const int i = static_cast<int>(r);
+    return fixed_bytes[i] + static_cast<double>(q.whole) * per_layer_bytes[i] +
+               static_cast<double>(q.attention) * attention_bytes[i] + static_cast<double>(q.mlp) * mlp_bytes[i] +
+               kRoundingBytes <=
+           usable_bytes;
+  }
+  // The most half-blocks from half-block `first` (at most `limit`) within `bound` seconds and memory under r, on one
+  // chip type: its MLP half if `first` is one, whole blocks, then an attention half; the blocks in order.
+  int64_t most_halves(Recompute r, double bound, int64_t first, int64_t limit) const {
+    const int i = static_cast<int>(r);
+    const double layer = fwd_layer_s + bwd_layer_s[i], slack = 1e-9 * layer;
+    double time = bound - extra_fwd_s - extra_bwd_s + slack, room = usable_bytes - fixed_bytes[i] - kRoundingBytes;
+    int64_t k = 0;
+    if (first % 2 == 1 && limit > 0) {
+      const double mlp = fwd_mlp_s + bwd_mlp_s[i];
+      if (mlp > time || mlp_bytes[i] > room) return 0;
+      time -= mlp;
+      room -= mlp_bytes[i];
+      k = 1;
+    }
+    const int64_t n =
+        std::max<int64_t>(0, std::min({static_cast<int64_t>(std::floor(time / layer)),
+                                       static_cast<int64_t>(std::floor(room / per_layer_bytes[i])), (limit - k) / 2}));
+    k += 2 * n;
+    time -= static_cast<double>(n) * layer;
+    room -= static_cast<double>(n) * per_layer_bytes[i];
+    if (k < limit && fwd_attention_s + bwd_attention_s[i] <= time && attention_bytes[i] <= room) ++k;
+    return k;
   }
   // Whether the stage fits with no layers, on every chip type of its replicas.
   bool fits_empty() const {
@@ -110,6 +167,24 @@ void fill_memory(const CostModel& c, StageTerms& t) {
   t.empty_bytes = c.stage_memory(empty, t.chunk_in_flight).total();
 }
 
+// What a lone attention half and a lone MLP half add to a stage of one chunk, beside fill_memory's terms: asked only
+// of the layouts whose split in half-blocks is tried (most are pruned before).
+void fill_half_memory(const CostModel& c, StageTerms& t) {
+  for (StageTerms& share : t.shares) fill_half_memory(c, share);
+  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+    StageMemorySpec spec = t.spec;
+    spec.recompute = r;
+    spec.layers = 1;
+    const double one = c.stage_memory(spec).total();
+    spec.layers = 2;
+    spec.ends_at_attention = true;  // a block and an attention half
+    t.attention_bytes[static_cast<int>(r)] = c.stage_memory(spec).total() - one;
+    spec.ends_at_attention = false;
+    spec.starts_at_mlp = true;  // an MLP half and a block
+    t.mlp_bytes[static_cast<int>(r)] = c.stage_memory(spec).total() - one;
+  }
+}
+
 std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   const int p = static_cast<int>(layout.stages.size());
   const int m = static_cast<int>(c.train().global_batch / (layout.dp * layout.micro_batch));
@@ -129,7 +204,13 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
     t.usable_bytes = c.usable_bytes(chip);
     t.times = &c.piece_times(chip, tp, b);
     t.fwd_layer_s = t.times->layer_forward_s;
-    for (int r = 0; r < 3; ++r) t.bwd_layer_s[r] = t.times->layer_backward_s[r];
+    t.fwd_attention_s = t.times->attention_forward_s;
+    t.fwd_mlp_s = t.times->mlp_forward_s;
+    for (int r = 0; r < 3; ++r) {
+      t.bwd_layer_s[r] = t.times->layer_backward_s[r];
+      t.bwd_attention_s[r] = t.times->attention_backward_s[r];
+      t.bwd_mlp_s[r] = t.times->mlp_backward_s[r];
+    }
     bases.push_back(t);
     return bases.back();
   };
@@ -216,9 +297,11 @@ std::vector<int> tp_options(const CostModel& c, int chip) {
   return out;
 }
 
-std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const std::vector<int>& layers,
-                                FitFailure* failure, const ScoreOptions& options) {
-  const std::vector<StageTerms> terms = stage_terms(c, layout);
+namespace {
+
+// score_split with the layout's stage terms (the search computes them once for the split and the scoring).
+std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const std::vector<StageTerms>& terms,
+                                const std::vector<int>& layers, FitFailure* failure, const ScoreOptions& options) {
   const std::vector<Recompute> choices = allowed(c);
   const int p = static_cast<int>(terms.size());
   const int b = layout.micro_batch, v = layout.chunks;
@@ -236,11 +319,13 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   plan.dp = layout.dp;
   plan.schedule = layout.schedule;
   plan.chunks = v;
-  int first = 0;
+  int64_t first = 0;  // layers, or half-blocks with options.halves
   double sum_e = 0, max_e = 0, sum_c = 0, max_c = 0;
   for (int i = 0; i < p; ++i) {
     const StageTerms& t = terms[static_cast<size_t>(i)];
     const int n = layers[static_cast<size_t>(i)];
+    const Pieces q = options.halves ? pieces(first, first + n) : Pieces{.whole = n};
+    H2_CHECK(!options.halves || t.attention_bytes[0] > 0) << "half-blocks scored without fill_half_memory";
     // Per chip type of the stage: the given recomputation, else the fastest under which n layers fit on it.
     std::optional<Recompute> given;
     if (!options.recompute.empty()) given = options.recompute[static_cast<size_t>(i)];
@@ -248,7 +333,7 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     const auto recompute_of = [&](const StageTerms& share) {
       if (given) return *given;
       for (Recompute r : choices) {
-        if (n <= share.cap(r)) return r;
+        if (options.halves ? share.fits(q, r) : n <= share.cap(r)) return r;
       }
       found = false;
       return choices.back();
@@ -256,8 +341,10 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     StagePlan st;
     st.tp = t.tp;
     st.dp = t.dp;
-    st.first_layer = first;
-    st.layers = n;
+    st.first_layer = static_cast<int>(options.halves ? first / 2 : first);
+    st.layers = static_cast<int>(q.blocks());
+    st.starts_at_mlp = q.mlp > 0;
+    st.ends_at_attention = q.attention > 0;
     st.embedding = t.embedding;
     st.head = t.head;
     st.in_flight = t.in_flight;
@@ -266,32 +353,37 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
     const double params = static_cast<double>(stage_params({.shape = s,
                                                             .embedding = t.embedding,
                                                             .head = t.head,
-                                                            .layers = n,
+                                                            .layers = q.blocks(),
+                                                            .starts_at_mlp = st.starts_at_mlp,
+                                                            .ends_at_attention = st.ends_at_attention,
                                                             .tp = t.tp}));  // per device: a TP rank's shard
-    // The model's tensors on this stage (gpt.cc): 12 per block, wte and wpe, ln_f's two and its own wte.
-    const int tensors = 12 * n + (t.embedding ? 2 : 0) + (t.head ? (t.embedding ? 2 : 3) : 0);
+    // The model's tensors on this stage (gpt.cc): 12 per block (6 a half), wte and wpe, ln_f's two and its own wte.
+    const int tensors = static_cast<int>(12 * q.whole + 6 * (q.attention + q.mlp)) + (t.embedding ? 2 : 0) +
+                        (t.head ? (t.embedding ? 2 : 3) : 0);
     double slowest = -1, headroom = kInf;
     for (const StageTerms& share : t.members()) {
       const Recompute recompute = recompute_of(share);
       StageMemorySpec spec = share.spec;
-      spec.layers = n;
+      spec.layers = q.blocks();
+      spec.starts_at_mlp = st.starts_at_mlp;
+      spec.ends_at_attention = st.ends_at_attention;
       spec.recompute = recompute;
       const StageMemory memory = c.stage_memory(spec, share.chunk_in_flight);
       const double total = memory.total();
       if (total > share.usable_bytes && failure != nullptr) {
         failure->shortfall_bytes = total - share.usable_bytes;
         failure->what =
-            cat(describe_stage(c, i, share), " with ", n, " layers needs ", format_bytes(total), " per device with ",
-                recompute_name(recompute), " recomputation; it has ", format_bytes(share.usable_bytes),
-                " usable (short by ", format_bytes(failure->shortfall_bytes), ")");
+            cat(describe_stage(c, i, share), " with ", format("%g", options.halves ? n / 2.0 : n), " layers needs ",
+                format_bytes(total), " per device with ", recompute_name(recompute), " recomputation; it has ",
+                format_bytes(share.usable_bytes), " usable (short by ", format_bytes(failure->shortfall_bytes), ")");
       }
       ReplicaGroup g{.chip = c.cluster().chips[static_cast<size_t>(share.chip)].name,
                      .chip_index = share.chip,
                      .replicas = share.replicas,
                      .rows = share.rows,
                      .recompute = recompute,
-                     .forward_s = n * share.fwd_layer_s + share.extra_fwd_s,
-                     .backward_s = n * share.bwd_layer_s[static_cast<int>(recompute)] + share.extra_bwd_s,
+                     .forward_s = share.forward_s(q) + share.extra_fwd_s,
+                     .backward_s = share.backward_s(q, recompute) + share.extra_bwd_s,
                      .memory_bytes = total,
                      .capacity_bytes = share.usable_bytes};
       st.forward_s = std::max(st.forward_s, g.forward_s);
@@ -376,6 +468,17 @@ std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const 
   return plan;
 }
 
+}  // namespace
+
+std::optional<Plan> score_split(const CostModel& c, const Layout& layout, const std::vector<int>& layers,
+                                FitFailure* failure, const ScoreOptions& options) {
+  std::vector<StageTerms> terms = stage_terms(c, layout);
+  if (options.halves) {
+    for (StageTerms& t : terms) fill_half_memory(c, t);
+  }
+  return score_terms(c, layout, terms, layers, failure, options);
+}
+
 void set_step(const CostModel& c, Plan& plan, const std::vector<double>& finish, double pipe, bool link_bound) {
   const int p = static_cast<int>(plan.stages.size()), m = plan.num_micro_batches;
   const double step = end_of_step(plan, finish).step_s;
@@ -408,8 +511,8 @@ void set_step(const CostModel& c, Plan& plan, const std::vector<double>& finish,
         cat(not_fit, "the link after stage ", sender, ": ", plan.stages[static_cast<size_t>(sender)].send_s * 1e3,
             " ms per micro-batch exceeds every stage's compute");
   } else {
-    plan.limited_by = cat(not_fit, "compute of stage ", slowest, " (", sl.chip, ", TP ", sl.tp, ", ", sl.layers,
-                          " layers, ", recompute_name(sl.recompute),
+    plan.limited_by = cat(not_fit, "compute of stage ", slowest, " (", sl.chip, ", TP ", sl.tp, ", ",
+                          format("%g", sl.halves() / 2.0), " layers, ", recompute_name(sl.recompute),
                           " recomputation): ", (sl.forward_s + sl.backward_s) * 1e3, " ms per micro-batch");
   }
   double tightest = 1.0;
@@ -432,14 +535,15 @@ void score_by_replay(const CostModel& c, Plan& plan) {
 namespace {
 
 struct Split {
-  std::vector<int> layers;
-  double bottleneck_s;  // the slowest stage's time per micro-batch
+  std::vector<int> layers;  // per stage; half-blocks with `halves`
+  double bottleneck_s;      // the slowest stage's time per micro-batch
+  bool halves = false;
 };
 
 // Stage 2: the least bottleneck time B such that the stages can take all layers, each stage taking
 // n_i(B) = max over recomputation r of min(cap_i(r), floor((B - extra_i) / layer_i(r))) layers.
-std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, FitFailure* failure) {
-  const std::vector<StageTerms> terms = stage_terms(c, layout);
+std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, const std::vector<StageTerms>& terms,
+                                    FitFailure* failure) {
   const std::vector<Recompute> choices = allowed(c);
   const int64_t L = c.model().layers;
   const int p = static_cast<int>(terms.size());
@@ -528,6 +632,83 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, Fi
     --layers[static_cast<size_t>(worst)];
     --total;
   }
+  return split;
+}
+
+// Stage 2 with stage boundaries inside blocks: the least bottleneck B at which the stages, in order, can take the
+// model's 2L half-blocks. What a stage can take depends on where it starts (an MLP half first, or a block), so the
+// half-blocks reachable after each stage form an interval (all starts of either kind ending within it); B is
+// feasible when 2L is reachable after the last stage. Then, from the end, each stage takes the most it can from the
+// earliest start the stages before it reach — the later stages the most, the earlier the rest. `whole` is the split
+// in whole layers (its bottleneck bounds B from above); without a better one, nullopt.
+std::optional<Split> balanced_half_split(const CostModel& c, const Layout& layout, const std::vector<StageTerms>& terms,
+                                         const Split& whole) {
+  const std::vector<Recompute> choices = allowed(c);
+  const int64_t H = 2 * c.model().layers;
+  const int p = static_cast<int>(terms.size());
+  // The most half-blocks stage i takes from half-block `first` within `bound`, each chip type of its replicas under
+  // its best recomputation; a vocabulary-only stage none (-1: its own work exceeds the bound).
+  const auto take = [&](int i, double bound, int64_t first) -> int64_t {
+    const StageTerms& t = terms[static_cast<size_t>(i)];
+    if (layout.stages[static_cast<size_t>(i)].vocabulary_only) {
+      return bound + 1e-12 >= t.extra_fwd_s + t.extra_bwd_s ? 0 : -1;
+    }
+    int64_t n = std::numeric_limits<int64_t>::max();
+    for (const StageTerms& share : t.members()) {
+      int64_t most = 0;
+      for (Recompute r : choices) most = std::max(most, share.most_halves(r, bound, first, H - first));
+      n = std::min(n, most);
+    }
+    return n;
+  };
+  const auto least = [&](int i) { return layout.stages[static_cast<size_t>(i)].vocabulary_only ? 0 : 1; };
+  // The half-blocks reachable after each stage within `bound`, [lo, hi]; empty when 2L is not reached.
+  const auto reach = [&](double bound) {
+    std::vector<std::pair<int64_t, int64_t>> after;
+    int64_t lo = 0, hi = 0;
+    for (int i = 0; i < p; ++i) {
+      int64_t next_lo = H + 1, next_hi = -1;
+      for (int64_t first : {lo, lo + 1, hi - 1, hi}) {
+        if (first < lo || first > hi) continue;
+        const int64_t n = take(i, bound, first);
+        if (n < least(i)) continue;
+        next_lo = std::min(next_lo, first + least(i));
+        next_hi = std::max(next_hi, first + n);
+      }
+      if (next_lo > next_hi) return std::vector<std::pair<int64_t, int64_t>>{};
+      lo = next_lo;
+      hi = next_hi;
+      after.push_back({lo, hi});
+    }
+    if (lo > H || hi < H) return std::vector<std::pair<int64_t, int64_t>>{};
+    return after;
+  };
+  double lo = 0, hi = whole.bottleneck_s;
+  if (reach(hi).empty()) return std::nullopt;
+  // To 0.01% (each try walks every stage): the split is the one at `hi`, which is feasible.
+  for (int iter = 0; iter < 60 && hi - lo > 1e-4 * hi; ++iter) {
+    const double mid = 0.5 * (lo + hi);
+    (reach(mid).empty() ? lo : hi) = mid;
+  }
+  const std::vector<std::pair<int64_t, int64_t>> after = reach(hi);
+  Split split{std::vector<int>(static_cast<size_t>(p)), hi, true};
+  int64_t end = H;
+  for (int i = p - 1; i >= 0; --i) {
+    // The earliest start the stages before reach from which this stage takes everything up to `end`.
+    const int64_t from = i > 0 ? after[static_cast<size_t>(i - 1)].first : 0;
+    const int64_t to = i > 0 ? after[static_cast<size_t>(i - 1)].second : 0;
+    int64_t first = -1;
+    for (int64_t f = std::max(from, end - H); f <= std::min(to, end - least(i)); ++f) {
+      if (end - f <= take(i, hi, f)) {
+        first = f;
+        break;
+      }
+    }
+    if (first < 0) return std::nullopt;  // a gap in what the stages before reach (the intervals assume none)
+    split.layers[static_cast<size_t>(i)] = static_cast<int>(end - first);
+    end = first;
+  }
+  if (end != 0) return std::nullopt;
   return split;
 }
 
@@ -636,6 +817,10 @@ struct Search {
   std::optional<Plan> best;
   static constexpr size_t kCandidates = 32;
   std::vector<Plan> finalists;  // the fastest by the closed form, fastest first
+  // The same among splits with a stage boundary inside a block, apart: their stages are better balanced, where the
+  // closed form is the more optimistic, so they neither displace whole-block finalists nor lower the bound that prunes
+  // (best, best_step); the replay then chooses among both.
+  std::vector<Plan> half_finalists;
   // Layouts whose end stage held no layer beside the embedding or head but holds it alone: the vocabulary phase
   // tries the kCandidates of them with the lowest bound as vocabulary-only stages (all of them, thousands on the
   // 1,024-chip example, cost a third of the search's time and change none of its plans).
@@ -703,7 +888,8 @@ struct Search {
     }
     ++evaluated;
     FitFailure f;
-    const std::optional<Split> split = balanced_split(c, l, &f);
+    std::vector<StageTerms> terms = stage_terms(c, l);
+    const std::optional<Split> split = balanced_split(c, l, terms, &f);
     if (!split) {
       // An end stage that cannot hold a layer beside the embedding or the head may still hold the vocabulary
       // alone (the vocabulary phase takes apart the ends of layouts that fit; these it tries as they are).
@@ -724,19 +910,33 @@ struct Search {
         return;
       }
     }
-    std::optional<Plan> p = score_split(c, l, split->layers, &f);
-    std::lock_guard<std::mutex> lock(mu);
-    if (!p) return;
-    // The closed form ranks; the best kCandidates are replayed at the end (finalists).
-    if (finalists.size() < kCandidates || p->step_s < finalists.back().step_s) {
-      finalists.insert(std::upper_bound(finalists.begin(), finalists.end(), *p,
-                                        [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; }),
-                       *p);
-      if (finalists.size() > kCandidates) finalists.pop_back();
+    std::vector<Plan> plans;  // the split in whole layers and, where it balances the stages better, in half-blocks
+    if (std::optional<Plan> p = score_terms(c, l, terms, split->layers, &f, {})) plans.push_back(std::move(*p));
+    if (opt.split_blocks && l.chunks == 1) {
+      for (StageTerms& t : terms) fill_half_memory(c, t);
+      const std::optional<Split> halves = balanced_half_split(c, l, terms, *split);
+      if (halves && halves->bottleneck_s < split->bottleneck_s * (1 - 1e-9)) {
+        if (std::optional<Plan> h = score_terms(c, l, terms, halves->layers, &f, ScoreOptions{.halves = true})) {
+          plans.push_back(std::move(*h));
+        }
+      }
     }
-    if (p->step_s < best_step) {
-      best_step = p->step_s;
-      best = std::move(p);
+    std::lock_guard<std::mutex> lock(mu);
+    for (Plan& p : plans) {
+      const bool halves = std::any_of(p.stages.begin(), p.stages.end(),
+                                      [](const StagePlan& st) { return st.starts_at_mlp || st.ends_at_attention; });
+      // The closed form ranks; the best kCandidates are replayed at the end (finalists).
+      std::vector<Plan>& pool = halves ? half_finalists : finalists;
+      if (pool.size() < kCandidates || p.step_s < pool.back().step_s) {
+        pool.insert(std::upper_bound(pool.begin(), pool.end(), p,
+                                     [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; }),
+                    p);
+        if (pool.size() > kCandidates) pool.pop_back();
+      }
+      if (!halves && p.step_s < best_step) {
+        best_step = p.step_s;
+        best = std::move(p);
+      }
     }
   }
 
@@ -744,8 +944,13 @@ struct Search {
   void pick_by_replay() {
     if (finalists.empty()) return;
     for (Plan& p : finalists) score_by_replay(c, p);
-    best = *std::min_element(finalists.begin(), finalists.end(),
-                             [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; });
+    for (Plan& p : half_finalists) score_by_replay(c, p);
+    const auto faster = [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; };
+    best = *std::min_element(finalists.begin(), finalists.end(), faster);
+    if (!half_finalists.empty()) {
+      const Plan& half = *std::min_element(half_finalists.begin(), half_finalists.end(), faster);
+      if (half.step_s < best->step_s) best = half;
+    }
   }
 
   // Every choice of (tp, stages) per chip type, then the orders of the used types: all permutations in the

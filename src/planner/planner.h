@@ -30,6 +30,7 @@ struct PlannerOptions {
   std::string finest_tier = "exhaustive";  // stop after this tier: "greedy", "coarse" or "exhaustive"
   bool mixed_stages = true;                // also stages whose replicas are of several chip types (uneven shares)
   bool interleave = true;                  // also interleaved 1F1B (h2 train runs 1F1B only: it plans without)
+  bool split_blocks = true;                // 1F1B stages may begin or end inside a block (at its MLP half)
 };
 
 struct SearchStats {
@@ -97,6 +98,9 @@ struct ScoreOptions {
   // Per stage (or empty): the recomputation to use; where absent, the fastest allowed choice under which it fits.
   std::vector<std::optional<Recompute>> recompute;
   bool require_fit = true;  // false: a layout over its devices' memory still gets a plan, with fits false
+  // The layers per stage are half-blocks (a block's attention half, then its MLP half): a stage boundary may fall
+  // inside a block (model/gpt.h's GptRange). One chunk per stage only.
+  bool halves = false;
 };
 // Scores a layout with the given layers per stage. Without a fit (and with require_fit), nullopt and the failure.
 std::optional<Plan> score_split(const CostModel& costs, const Layout& layout, const std::vector<int>& layers,

@@ -13,21 +13,23 @@ std::string format_plan(const Plan& p) {
       format("plan: model '%s' on cluster '%s': %d pipeline(s) x %zu stages, micro-batch %d x %d per pipeline, %s%s\n",
              p.model.c_str(), p.cluster.c_str(), p.dp, p.stages.size(), p.micro_batch, p.num_micro_batches,
              schedule_name(p.schedule), p.chunks > 1 ? format(" (%d chunks per stage)", p.chunks).c_str() : "");
-  out += format("%5s %-6s %3s %4s %-12s %-9s %6s %10s %10s %9s %11s %8s\n", "stage", "chip", "tp", "dp", "layers",
+  out += format("%5s %-6s %3s %4s %-14s %-9s %6s %10s %10s %9s %11s %8s\n", "stage", "chip", "tp", "dp", "layers",
                 "recompute", "flight", "fwd ms", "bwd ms", "send ms", "mem/device", "headroom");
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const StagePlan& s = p.stages[i];
-    const std::string layers = format("%d-%d (%d)%s", s.first_layer, s.first_layer + s.layers - 1, s.layers,
+    // "4m-9a (5)": block 4's MLP half through block 9's attention half (a stage boundary inside a block).
+    const std::string layers = format("%d%s-%d%s (%g)%s", s.first_layer, s.starts_at_mlp ? "m" : "",
+                                      s.first_layer + s.layers - 1, s.ends_at_attention ? "a" : "", s.halves() / 2.0,
                                       s.embedding && s.head ? "E+H"
                                       : s.embedding         ? "+E"
                                       : s.head              ? "+H"
                                                             : "");
     out +=
-        format("%5zu %-6s %3d %4d %-12s %-9s %6d %10.3f %10.3f %9.3f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
+        format("%5zu %-6s %3d %4d %-14s %-9s %6d %10.3f %10.3f %9.3f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
                layers.c_str(), recompute_name(s.recompute), s.in_flight, s.forward_s * 1e3, s.backward_s * 1e3,
                s.send_s * 1e3, format_bytes(s.memory_bytes).c_str(), 100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
     for (const ReplicaGroup& g : s.groups) {  // replicas of several chip types, with uneven shares
-      out += format("%5s %-6s %3s %4d %-12s %-9s %6s %10.3f %10.3f %9s %11s %7.0f%%\n", "", g.chip.c_str(), "",
+      out += format("%5s %-6s %3s %4d %-14s %-9s %6s %10.3f %10.3f %9s %11s %7.0f%%\n", "", g.chip.c_str(), "",
                     g.replicas, format("%d rows each", g.rows).c_str(), recompute_name(g.recompute), "",
                     g.forward_s * 1e3, g.backward_s * 1e3, "", format_bytes(g.memory_bytes).c_str(),
                     100.0 * (1.0 - g.memory_bytes / g.capacity_bytes));
@@ -105,7 +107,7 @@ std::string format_baselines(const Baselines& b, const Plan& plan) {
 // recomputation, memory used, bubble), which is where a mixed plan gains or loses against the types apart.
 std::string explain_mix(const Baselines& b, const Plan& plan) {
   struct Role {
-    int stages = 0, layers = 0, recomputing = 0, devices = 0;
+    int stages = 0, halves = 0, recomputing = 0, devices = 0;
     bool embedding = false, head = false;
     double memory = 0, capacity = 0;
   };
@@ -120,7 +122,7 @@ std::string explain_mix(const Baselines& b, const Plan& plan) {
       }
       if (replicas == 0) continue;
       ++r.stages;
-      r.layers += s.layers;
+      r.halves += s.halves();
       r.recomputing += s.recompute != Recompute::kNone ? 1 : 0;
       r.devices += s.tp * replicas;
       r.embedding = r.embedding || s.embedding;
@@ -130,8 +132,8 @@ std::string explain_mix(const Baselines& b, const Plan& plan) {
     return r;
   };
   const auto describe = [](const Role& r) {
-    return format("%d stage(s), %d layer(s)%s%s, %d device(s), recomputing on %d, fullest device %.0f%%", r.stages,
-                  r.layers, r.embedding ? " + embedding" : "", r.head ? " + head" : "", r.devices, r.recomputing,
+    return format("%d stage(s), %g layer(s)%s%s, %d device(s), recomputing on %d, fullest device %.0f%%", r.stages,
+                  r.halves / 2.0, r.embedding ? " + embedding" : "", r.head ? " + head" : "", r.devices, r.recomputing,
                   100 * r.memory);
   };
   std::string out = format("why (each chip type in the mixed plan, bubble %.0f%%, beside the type alone):\n",

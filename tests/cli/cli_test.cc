@@ -181,16 +181,21 @@ TEST(CliPlan, PlanSimulateAndBadInput) {
   EXPECT_THAT(run_h2("simulate /nonexistent/plan.json").output, HasSubstr("/nonexistent/plan.json: cannot open"));
 }
 
-// The catalog example's best plan is interleaved (docs/planner.md); --no-interleave plans 1F1B, as h2 train
-// --cluster does on emulated chips.
+// The catalog example's best plan of whole blocks is interleaved (docs/planner.md); --no-interleave plans 1F1B, as
+// h2 train --cluster does on emulated chips. Stage boundaries inside blocks (the default) give a faster 1F1B plan,
+// whose table names the halves ("46m-54": block 46's MLP half through block 54).
 TEST(CliPlan, NoInterleaveLeavesInterleavingOut) {
   const std::string ex = std::string(H2_SOURCE_DIR) + "/examples/";
   const std::string cluster =
       ex + "cluster_catalog1024.yaml --model " + ex + "model_100b.yaml --train " + ex + "train_100b.yaml";
-  const Result all = run_h2("plan --cluster " + cluster);
+  const Result all = run_h2("plan --whole-blocks --cluster " + cluster);
   ASSERT_EQ(all.status, 0) << all.output;
   EXPECT_THAT(all.output, HasSubstr(", interleaved ("));
-  const Result without = run_h2("plan --no-interleave --cluster " + cluster);
+  EXPECT_THAT(all.output, Not(::testing::ContainsRegex("[0-9]m-")));
+  const Result halves = run_h2("plan --cluster " + cluster);
+  ASSERT_EQ(halves.status, 0) << halves.output;
+  EXPECT_THAT(halves.output, ::testing::ContainsRegex("[0-9]m-[0-9]+ \\([0-9]+\\.5\\)"));
+  const Result without = run_h2("plan --whole-blocks --no-interleave --cluster " + cluster);
   ASSERT_EQ(without.status, 0) << without.output;
   EXPECT_THAT(without.output, Not(HasSubstr("interleaved")));
   EXPECT_THAT(without.output, HasSubstr("per pipeline, 1f1b"));
@@ -206,7 +211,7 @@ TEST(CliPlan, LayoutAndRecostingSimulation) {
   const Result p = run_h2("plan --layout " + ex + "layout_local.yaml --out " + plan + files);
   ASSERT_EQ(p.status, 0) << p.output;
   EXPECT_THAT(p.output, HasSubstr("costed as given (--layout)"));
-  EXPECT_THAT(p.output, HasSubstr("0-1 (2)+E    none "));
+  EXPECT_THAT(p.output, HasSubstr("0-1 (2)+E      none "));
   const Result same = run_h2("simulate " + plan);
   const Result recosted = run_h2("simulate " + plan + files);
   ASSERT_EQ(recosted.status, 0) << recosted.output;
@@ -405,6 +410,45 @@ TEST_F(ClusterTraining, ALargeTiedEmbeddingIsSummedAfterThePipelinesSends) {
                           dir_ + "/vocab");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("step     2/2"));
+}
+
+// Two stages that meet inside a block: the planner's plan (0-2 on the fast chip with the embedding, 3 and the head on
+// the slow one) with block 2's MLP half moved to the second stage (0-2a and 2m-3) trains as one device does (the
+// held-out loss of the single-device run, the reference), and each rank's memory, term by term, is what costs.h
+// counts for its halves, to the byte.
+TEST_F(ClusterTraining, StagesThatMeetInsideABlockTrainAsOneDeviceDoes) {
+  const Result full = run_h2(command() + " --set train.steps=1 --set train.out_dir=" + dir_ + "/planned");
+  ASSERT_EQ(full.status, 0) << full.output;
+  nlohmann::json plan = nlohmann::json::parse(read_file(dir_ + "/planned/plan.json"));
+  ASSERT_EQ(plan["stages"].size(), 2u);
+  nlohmann::json& first = plan["stages"][0];
+  nlohmann::json& second = plan["stages"][1];
+  ASSERT_GE(first["layers"].get<int>(), 2) << plan.dump(2);
+  first["ends_at_attention"] = true;
+  second["first_layer"] = second["first_layer"].get<int>() - 1;
+  second["layers"] = second["layers"].get<int>() + 1;
+  second["starts_at_mlp"] = true;
+  const std::string halves = dir_ + "/halves.json";
+  std::ofstream(halves) << plan.dump(2);
+  const Result r = run_h2(command() + " --plan " + halves + " --set train.out_dir=" + dir_ + "/halves");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const Result single = run_h2("train --config " + config_ + " --quiet --set train.out_dir=" + dir_ + "/single");
+  ASSERT_EQ(single.status, 0) << single.output;
+  const auto val = [](const std::string& path) {
+    return nlohmann::json::parse(metric_lines(path).back()).at("val_loss").get<double>();
+  };
+  const double want = val(dir_ + "/single/metrics.jsonl");
+  EXPECT_NEAR(val(dir_ + "/halves/metrics.jsonl"), want, 1e-4 * want);
+  const auto summary = nlohmann::json::parse(read_file(dir_ + "/halves/summary.json"));
+  ASSERT_EQ(summary.at("memory").size(), 2u);
+  for (const auto& m : summary.at("memory")) {
+    double predicted = 0;
+    for (const auto& [term, pair] : m.at("terms").items()) {
+      EXPECT_EQ(pair.at("measured").get<double>(), pair.at("predicted").get<double>()) << term << ": " << m.dump();
+      predicted += pair.at("predicted").get<double>();
+    }
+    EXPECT_EQ(m.at("peak_bytes").get<double>(), predicted) << m.dump();
+  }
 }
 
 TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRank) {
@@ -631,7 +675,9 @@ TEST_F(ClusterTraining, ElasticJobsFinishOnTheDevicesLeft) {
   plan["dp"] = 2;
   plan["micro_batch"] = 1;
   plan["num_micro_batches"] = 2;
-  plan["stages"] = {plan["stages"][0], plan["stages"][0]};
+  nlohmann::json whole = plan["stages"][0];
+  whole.erase("ends_at_attention");  // the planner's stage may end inside a block; these hold whole blocks
+  plan["stages"] = {whole, whole};
   plan["stages"][0].update({{"chip", "fast"}, {"tp", 1}, {"dp", 2}, {"first_layer", 0}, {"layers", 2}});
   plan["stages"][1].update({{"chip", "slow"}, {"tp", 1}, {"dp", 2}, {"first_layer", 2}, {"layers", 2}});
   plan["stages"][0]["embedding"] = true;
@@ -692,6 +738,7 @@ TEST_F(ClusterTraining, AStageOfMixedChipTypesTakesUnevenRows) {
   plan["micro_batch"] = 4;
   plan["num_micro_batches"] = 1;
   nlohmann::json stage = plan["stages"][0];
+  stage.erase("ends_at_attention");  // the planner's stage may end inside a block; this one holds them all
   stage.update({{"chip", "fast"}, {"tp", 1}, {"dp", 2}, {"first_layer", 0}, {"layers", 4}, {"head", true}});
   stage["groups"] = nlohmann::json::parse(
       R"([{"chip": "fast", "replicas": 1, "rows": 3, "recompute": "none", "forward_s": 0.001, "backward_s": 0.002,

@@ -407,6 +407,47 @@ TEST(CostModel, TheTiedEmbeddingIsSummedAsTheRuntimeSumsIt) {
   EXPECT_NEAR(tied(1, 2), 2 * 2.0 / 3 * bytes / 10e9 + 4 * 10e-6, 1e-12);  // 3 ranks, every row
 }
 
+// A stage boundary inside a block: the block's attention half is ln_1, c_attn, the attention core, attn.c_proj and
+// a residual (MatchesClosedForms' kernels: 10.496 + 515.396 + 171.799 + 171.799 + 15.729 us + 5 x 5 us = 910.218 us
+// on X at TP 1); the MLP half the other five; each half one of the block's two TP all-reduces per direction;
+// selective recomputation repeats the attention core in the attention half's backward only, full recomputation each
+// half's own forward. The halves add up to the block in every direction and recomputation.
+TEST(CostModel, ABlocksHalvesAreItsAttentionAndItsMlp) {
+  const CostModel costs(cluster_of(kSmallCluster), small_model(4), TrainSetup{.global_batch = 8, .zero1 = false});
+  EXPECT_NEAR(costs.layer_forward_s(0, 1, 1, BlockPart::kAttention), 910.2180992e-6, 1e-12);
+  for (int tp : {1, 2}) {
+    EXPECT_NEAR(
+        costs.layer_forward_s(0, tp, 1, BlockPart::kAttention) + costs.layer_forward_s(0, tp, 1, BlockPart::kMlp),
+        costs.layer_forward_s(0, tp, 1), 1e-15);
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      EXPECT_NEAR(costs.layer_backward_s(0, tp, 1, r, BlockPart::kAttention) +
+                      costs.layer_backward_s(0, tp, 1, r, BlockPart::kMlp),
+                  costs.layer_backward_s(0, tp, 1, r), 1e-15)
+          << recompute_name(r);
+    }
+  }
+  // One all-reduce of the (1, 1024, 2048) bf16 activation per half at TP 2 (MatchesClosedForms: two per block).
+  EXPECT_NEAR(costs.layer_forward_s(0, 2, 1, BlockPart::kMlp) -
+                  costs.ops_s(0, block_ops(small_model(4), 1, 1024, 2, 2, 2, false, BlockPart::kMlp)),
+              4194304.0 / 100e9 + 4e-6, 1e-12);
+  const auto names = [](BlockPart part, bool backward) {
+    std::vector<std::string> n;
+    for (const OpWork& op : block_ops(small_model(4), 1, 1024, 1, 2, 2, backward, part)) n.push_back(op.name);
+    return n;
+  };
+  EXPECT_EQ(names(BlockPart::kAttention, false),
+            (std::vector<std::string>{"ln_1", "c_attn", "attention", "attn.c_proj", "residual"}));
+  EXPECT_EQ(names(BlockPart::kMlp, true), (std::vector<std::string>{"mlp.c_proj backward", "gelu backward",
+                                                                    "c_fc backward", "ln_2 backward", "residual"}));
+  // Selective recomputation: the attention core's forward again in the attention half, nothing in the MLP half.
+  const double core = costs.op_s(0, block_ops(small_model(4), 1, 1024, 1, 2, 2, false)[2]);
+  EXPECT_NEAR(costs.layer_backward_s(0, 1, 1, Recompute::kSelective, BlockPart::kAttention) -
+                  costs.layer_backward_s(0, 1, 1, Recompute::kNone, BlockPart::kAttention),
+              core, 1e-15);
+  EXPECT_DOUBLE_EQ(costs.layer_backward_s(0, 1, 1, Recompute::kSelective, BlockPart::kMlp),
+                   costs.layer_backward_s(0, 1, 1, Recompute::kNone, BlockPart::kMlp));
+}
+
 TEST(CostModel, MatchesClosedForms) {
   const Cluster c = cluster_of(kSmallCluster);
   TrainSetup t{.global_batch = 8, .zero1 = false};
@@ -758,6 +799,48 @@ TEST(Layout, StagesOfMixedChipTypesCostEachGroupOnItsChip) {
               HasSubstr("p.json: stage 0 runs on chip type 'TPU'"));
 }
 
+// A plan whose stages meet inside a block (version 5) comes back whole; a version-4 plan (whole blocks) still loads;
+// stages that do not meet at the same half, a half on the embedding's or head's stage, a stage of no half-block, or
+// interleaving with halves are refused naming the field.
+TEST(Plan, AStageBoundaryInsideABlockRoundTripsAndIsChecked) {
+  const CostModel costs(cluster_of(kSmallCluster), small_model(6), TrainSetup{.global_batch = 8});
+  Plan plan = plan_training(costs, PlannerOptions{.split_blocks = false});
+  ASSERT_GE(plan.stages.size(), 2u);
+  StagePlan &a = plan.stages[0], &b = plan.stages[1];
+  // The first stage's last block's MLP half to the second stage: the first ends after that block's attention half,
+  // the second starts at its MLP half.
+  a.ends_at_attention = true;
+  b.first_layer -= 1;
+  b.layers += 1;
+  b.starts_at_mlp = true;
+  EXPECT_EQ(a.halves(), 2 * a.layers - 1);
+  EXPECT_EQ(b.end_half(), 2 * (b.first_layer + b.layers));
+  const Plan back = Plan::from_json(plan.to_json(), "p.json");
+  EXPECT_EQ(back.to_json(), plan.to_json());
+  EXPECT_TRUE(back.stages[0].ends_at_attention);
+  EXPECT_TRUE(back.stages[1].starts_at_mlp);
+  EXPECT_NE(plan.to_json().find("\"version\": 5"), std::string::npos);
+  const Plan whole = plan_training(costs, PlannerOptions{.split_blocks = false});
+  std::string v4 = whole.to_json();
+  v4.replace(v4.find("\"version\": 5"), 12, "\"version\": 4");
+  EXPECT_EQ(Plan::from_json(v4, "p.json").stages.size(), whole.stages.size());
+  const auto refused = [](Plan p) { return error_of([&] { check_plan(p, "p.json"); }, ErrorCode::kConfig); };
+  Plan gap = plan;
+  gap.stages[1].starts_at_mlp = false;  // block b's MLP half in no stage
+  EXPECT_THAT(refused(gap), HasSubstr("field 'stages[1].first_layer'"));
+  EXPECT_THAT(refused(gap), HasSubstr("from the MLP half of the block the stage before ends in"));
+  Plan embedding = plan;
+  embedding.stages[0].starts_at_mlp = true;
+  EXPECT_THAT(refused(embedding), HasSubstr("stages[0]."));
+  Plan head = plan;
+  head.stages.back().ends_at_attention = true;
+  EXPECT_THAT(refused(head), HasSubstr("ends_at_attention': the head's stage ends with a whole block"));
+  Plan interleaved = plan;
+  interleaved.schedule = ScheduleKind::kInterleaved;
+  interleaved.chunks = 2;
+  EXPECT_THAT(refused(interleaved), HasSubstr("a stage boundary inside a block needs 1f1b"));
+}
+
 TEST(Plan, JsonRoundTripAndVersion) {
   const CostModel costs(cluster_of(kSmallCluster), small_model(6), TrainSetup{.global_batch = 8});
   Plan plan = plan_training(costs, PlannerOptions{});
@@ -765,7 +848,7 @@ TEST(Plan, JsonRoundTripAndVersion) {
   const Plan back = Plan::from_json(plan.to_json(), "p.json");
   EXPECT_EQ(back.to_json(), plan.to_json());
   std::string text = plan.to_json();
-  text.replace(text.find("\"version\": 4"), 12, "\"version\": 9");
+  text.replace(text.find("\"version\": 5"), 12, "\"version\": 9");
   EXPECT_THAT(error_of([&] { Plan::from_json(text, "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: plan version 9"));
   EXPECT_THAT(error_of([&] { Plan::from_json("{\"format\": \"h2-plan\"}", "p.json"); }, ErrorCode::kConfig),

@@ -131,9 +131,10 @@ double replay_bound(const Plan& p) {
 }
 
 // The reference: every layout (all DP widths, micro-batches, TP and stage counts per type, orders) and every
-// split of the layers into stages, each costed by the cost model and timed by the simulator's replay — not by the
+// split of the layers into stages — in whole blocks, and (`halves`) in half-blocks, a stage boundary between a
+// block's attention and its MLP — each costed by the cost model and timed by the simulator's replay, not by the
 // planner's own closed form, which the search uses to rank.
-double exhaustive_best(const CostModel& costs, int most_chunks = 1, bool vocabulary_apart = false) {
+double exhaustive_best(const CostModel& costs, int most_chunks = 1, bool vocabulary_apart = false, bool halves = true) {
   double best = INFINITY;
   const Cluster& c = costs.cluster();
   const int L = static_cast<int>(costs.model().layers);
@@ -177,19 +178,22 @@ double exhaustive_best(const CostModel& costs, int most_chunks = 1, bool vocabul
               for (int s = 0; s < o.stages; ++s) l.stages.push_back({k, o.tp, o.dp});
             }
             // Every composition of L into `stages` positive parts; with vocabulary_apart also those whose first or
-            // last part is empty, that stage holding only the embedding or the head.
+            // last part is empty, that stage holding only the embedding or the head; with `halves` also every
+            // composition of the 2L half-blocks (a stage boundary inside a block), 1F1B.
             std::vector<int> split(static_cast<size_t>(stages)), fewest(static_cast<size_t>(stages), 1),
                 most(static_cast<size_t>(stages), L);
             const int64_t m = costs.train().global_batch / (int64_t{dp} * b);
+            bool in_halves = false;
             std::function<void(int, int)> compose = [&](int i, int left) {
               if (i == stages) {
                 if (left != 0) return;
                 // 1F1B, and interleaved with 2..most_chunks chunks where the schedule can run.
-                for (int v = 1; v <= most_chunks; ++v) {
+                for (int v = 1; v <= (in_halves ? 1 : most_chunks); ++v) {
                   if (v > 1 && (m % stages != 0 || *std::min_element(split.begin(), split.end()) < v)) continue;
                   l.schedule = v > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
                   l.chunks = v;
-                  const std::optional<Plan> p = score_split(costs, l, split);
+                  const std::optional<Plan> p =
+                      score_split(costs, l, split, nullptr, ScoreOptions{.halves = in_halves});
                   if (!p) continue;
                   if (v == 1 && replay_bound(*p) >= best) continue;  // cannot beat the best: not replayed
                   best = std::min(best, simulate(*p).step_s);
@@ -204,13 +208,19 @@ double exhaustive_best(const CostModel& costs, int most_chunks = 1, bool vocabul
                 compose(i + 1, left - n);
               }
             };
-            compose(0, L);
-            for (int end : {0, stages - 1}) {
-              if (!vocabulary_apart || stages < 2) break;
-              fewest[static_cast<size_t>(end)] = most[static_cast<size_t>(end)] = 0;
-              compose(0, L);
-              fewest[static_cast<size_t>(end)] = 1;
-              most[static_cast<size_t>(end)] = L;
+            for (const bool h : {false, true}) {
+              if (h && !halves) break;
+              in_halves = h;
+              const int units = h ? 2 * L : L;
+              std::fill(most.begin(), most.end(), units);
+              compose(0, units);
+              for (int end : {0, stages - 1}) {
+                if (!vocabulary_apart || stages < 2) break;
+                fewest[static_cast<size_t>(end)] = most[static_cast<size_t>(end)] = 0;
+                compose(0, units);
+                fewest[static_cast<size_t>(end)] = 1;
+                most[static_cast<size_t>(end)] = units;
+              }
             }
           } while (std::next_permutation(used.begin(), used.end()));
         }
@@ -223,6 +233,8 @@ double exhaustive_best(const CostModel& costs, int most_chunks = 1, bool vocabul
   return best;
 }
 
+// On kSmallCluster's types (6 layers) and two of them (8 layers): within 1% of the brute force over every layout and
+// split, in whole blocks and in half-blocks; with 8 layers a stage boundary inside a block is what the optimum needs.
 TEST(Search, WithinOnePercentOfExhaustiveOnSmallClusters) {
   for (int layers : {6, 8}) {
     Cluster c = cluster_of(kSmallCluster);
@@ -237,6 +249,8 @@ TEST(Search, WithinOnePercentOfExhaustiveOnSmallClusters) {
     EXPECT_NEAR(plan.step_s / simulated, 1.0, 1e-9);  // the plan's step is the simulator's
     EXPECT_LE(simulated, reference * 1.01) << layers << " layers: search " << simulated << " s, optimum " << reference;
     EXPECT_GE(simulated, reference * (1 - 1e-9));  // and no plan beats the optimum
+    // 8 layers: 0.436 s, against 0.481 s in whole blocks.
+    if (layers == 8) EXPECT_LT(reference, exhaustive_best(costs, 4, false, false) * 0.95);
   }
 }
 
@@ -275,7 +289,7 @@ TEST(Search, FindsStagesOfDifferentWidths) {
   EXPECT_GE(simulated, reference * (1 - 1e-9));
   // The coarse tier, which enumerates one DP for all stages, reaches it through reshape().
   const Plan coarse = plan_training(costs, PlannerOptions{.finest_tier = "coarse", .mixed_stages = false});
-  EXPECT_LE(simulate(coarse).step_s, reference * 1.01);
+  EXPECT_LE(simulate(coarse).step_s, reference * 1.01) << format_plan(coarse) << format_plan(plan);
 }
 
 // Four chips that hold the 8-layer model only as a pipeline: interleaving each stage's layers in chunks shrinks the
@@ -302,7 +316,8 @@ groups:
 // A vocabulary of 256,000 beside 4 layers: the head is the work of about ten layers. Two 6 GiB chips hold the
 // layers and the embedding (with full recomputation) and two 8 GiB chips only the head, sharded over TP 2 — faster
 // than any split in which every stage holds layers, and within 1 % of a brute force over every layout and split,
-// the first or the last stage also holding only the embedding or the head (stages of one chip type each).
+// the first or the last stage also holding only the embedding or the head (stages of one chip type each). In whole
+// blocks: with a stage boundary inside a block a split of layers comes within 1% of it (1.458 s against 1.466 s).
 TEST(Search, PutsALargeVocabularyOnChipsOfItsOwn) {
   const Cluster c = cluster_of(R"(
 chips:
@@ -317,13 +332,13 @@ links:
   TransformerShape model = small_model(4);
   model.vocab = 256000;
   const CostModel costs(c, model, TrainSetup{.global_batch = 16, .micro_batches = {1, 2}, .max_tp = 2});
-  const Plan plan = plan_training(costs, PlannerOptions{.mixed_stages = false});
+  const Plan plan = plan_training(costs, PlannerOptions{.mixed_stages = false, .split_blocks = false});
   ASSERT_GE(plan.stages.size(), 2u);
   const StagePlan& last = plan.stages.back();
   EXPECT_TRUE(last.head && last.layers == 0) << format_plan(plan);
   EXPECT_EQ(last.chip, "X");
-  const double simulated = simulate(plan).step_s, layered = exhaustive_best(costs),
-               reference = exhaustive_best(costs, 1, true);
+  const double simulated = simulate(plan).step_s, layered = exhaustive_best(costs, 1, false, false),
+               reference = exhaustive_best(costs, 1, true, false);
   EXPECT_LT(simulated, layered * 0.95) << "every stage with layers: " << layered << " s";
   EXPECT_LE(simulated, reference * 1.01) << "search " << simulated << " s, optimum " << reference;
   EXPECT_GE(simulated, reference * (1 - 1e-9));
@@ -334,18 +349,20 @@ links:
 // each type per stage and every number of rows per replica of each type (1..12) whose micro-batch divides the global
 // batch, every split of the layers — scored by the simulator's replay (a layout whose m x slowest stage cannot beat
 // the best so far is not replayed, as in exhaustive_best).
-double mixed_best(const CostModel& costs, int first, int second, int most_stages) {
+double mixed_best(const CostModel& costs, int first, int second, int most_stages, bool halves_too = true) {
   double best = INFINITY;
   const int L = static_cast<int>(costs.model().layers);
   const int n_first = costs.cluster().devices_of(first), n_second = costs.cluster().devices_of(second);
   const std::vector<int> tps = tp_options(costs, first), second_tps = tp_options(costs, second);
   for (int stages = 1; stages <= std::min(most_stages, L); ++stages) {
-    std::vector<std::vector<int>> splits;  // every composition of L into `stages` positive parts
+    // Every composition of L into `stages` positive parts, and of the 2L half-blocks (halves: true).
+    std::vector<std::pair<std::vector<int>, bool>> splits;
     std::vector<int> split;
+    bool halves = false;
     std::function<void(int)> compose = [&](int left) {
       if (static_cast<int>(split.size()) == stages - 1) {
         split.push_back(left);
-        splits.push_back(split);
+        splits.push_back({split, halves});
         split.pop_back();
         return;
       }
@@ -356,6 +373,8 @@ double mixed_best(const CostModel& costs, int first, int second, int most_stages
       }
     };
     compose(L);
+    halves = true;
+    if (halves_too) compose(2 * L);
     for (int tp : tps) {
       if (std::find(second_tps.begin(), second_tps.end(), tp) == second_tps.end()) continue;
       for (int k1 = 1; k1 * tp * stages <= n_first; ++k1) {
@@ -367,8 +386,8 @@ double mixed_best(const CostModel& costs, int first, int second, int most_stages
               Layout l{rows, 1, {}};
               l.stages.assign(static_cast<size_t>(stages),
                               Layout::Slot{first, tp, k1 + k2, {{first, k1, r1}, {second, k2, r2}}});
-              for (const std::vector<int>& s : splits) {
-                const std::optional<Plan> p = score_split(costs, l, s);
+              for (const auto& [s, in_halves] : splits) {
+                const std::optional<Plan> p = score_split(costs, l, s, nullptr, ScoreOptions{.halves = in_halves});
                 if (!p) continue;
                 if (replay_bound(*p) < best) best = std::min(best, simulate(*p).step_s);
               }
@@ -383,12 +402,13 @@ double mixed_best(const CostModel& costs, int first, int second, int most_stages
 
 // Four slow devices and two four times as fast, a 3-layer model every device can hold: one stage of all six replicas,
 // the fast ones taking four times the rows of the slow (as Metis, Zorse and Poplar would plan it), beats every plan
-// whose stages are each of one type. The search finds it, within 1 % of the optimum of both brute forces.
+// whose stages are each of one type. The search finds it, within 1 % of the optimum of both brute forces. In whole
+// blocks: with a stage boundary inside a block (0.686 s) stages of one type each beat it (0.714 s).
 TEST(Search, FindsReplicasOfMixedTypesWithUnevenShares) {
   const Cluster c = slow_and_fast(2);
   const CostModel costs(c, small_model(3), TrainSetup{.global_batch = 24, .micro_batches = {1, 2, 4}, .max_tp = 1});
-  const Plan plan = plan_training(costs, PlannerOptions{});
-  const double unmixed = exhaustive_best(costs, 3), mixed = mixed_best(costs, 1, 0, 2);
+  const Plan plan = plan_training(costs, PlannerOptions{.split_blocks = false});
+  const double unmixed = exhaustive_best(costs, 3, false, false), mixed = mixed_best(costs, 1, 0, 2, false);
   const double reference = std::min(unmixed, mixed);
   EXPECT_LT(mixed, unmixed * 0.97) << "the case should need mixed replicas";
   ASSERT_FALSE(plan.stages.front().groups.empty()) << plan.to_json();
@@ -408,7 +428,9 @@ TEST(Search, FindsReplicasOfMixedTypesWithUnevenShares) {
 // (two types) or 4 X + 8 Y + 4 Z (three), 6 layers. The search's plan is within 1% of the brute force over every
 // layout of stages of one chip type each and every split — 1 to 4 chunks, the vocabulary on chips of its own or not
 // — and, with two types, over every layout of stages whose replicas mix them (mixed_best; 0.262 s at best, against
-// 0.197 s unmixed), each scored by the replay. (Three types' mixed stages have no brute force here.)
+// 0.197 s unmixed), each scored by the replay. (Three types' mixed stages have no brute force here.) In whole blocks:
+// with stage boundaries inside blocks too (planner and brute forces) it passed once, in 325 s - too long for the
+// suite; WithinOnePercentOfExhaustiveOnSmallClusters checks that space.
 TEST(Search, WithinOnePercentOfExhaustiveOnSixteenDevices) {
   for (const bool three : {false, true}) {
     const Cluster c =
@@ -430,11 +452,11 @@ groups:
 )"));
     const CostModel costs(c, small_model(6), TrainSetup{.global_batch = 32, .micro_batches = {1, 2}});
     SearchStats stats;
-    const Plan plan = plan_training(costs, PlannerOptions{}, &stats);
+    const Plan plan = plan_training(costs, PlannerOptions{.split_blocks = false}, &stats);
     EXPECT_EQ(plan.devices_total, 16);
     EXPECT_EQ(stats.tier, "exhaustive");
-    const double unmixed = exhaustive_best(costs, 4, true);
-    const double mixed = three ? INFINITY : mixed_best(costs, 0, 1, 6);
+    const double unmixed = exhaustive_best(costs, 4, true, false);
+    const double mixed = three ? INFINITY : mixed_best(costs, 0, 1, 6, false);
     const double reference = std::min(unmixed, mixed);
     ASSERT_TRUE(std::isfinite(reference));
     const double simulated = simulate(plan).step_s;
