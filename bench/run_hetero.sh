@@ -66,7 +66,9 @@ for name in ("plan", "uniform", "fast", "slow"):
     plan = json.load(open(f"{out}/{name}.json"))
     summaries = [json.load(open(f"{out}/{name}.{r}/summary.json")) for r in range(1, rounds + 1)]
     def stage(st):
-        what = f"{st['chip']}: {st['layers']}" + ("+E" if st['embedding'] else "") + ("+H" if st['head'] else "")
+        # in blocks: a stage that starts at a block's MLP half or ends after its attention half holds half of it
+        held = st['layers'] - 0.5 * (st.get('starts_at_mlp', False) + st.get('ends_at_attention', False))
+        what = f"{st['chip']}: {held:g}" + ("+E" if st['embedding'] else "") + ("+H" if st['head'] else "")
         return what + "".join(f" [{g['chip']} x{g['replicas']}: {g['rows']} rows]" for g in st.get("groups", []))
     stages = ", ".join(stage(st) for st in plan["stages"])
     tokens[name] = [s["measured_tokens_per_s"] for s in summaries]
