@@ -173,12 +173,9 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   std::vector<ParamSpec> specs;
   if (range.embedding || range.head) specs.push_back({"wte.weight", {V, C}, true, false, TpSplit::kVocabRows});
   if (range.embedding) specs.push_back({"wpe.weight", {config.seq_len, C}, true, false});
-  // Whether block b's attention half, its MLP half, is in the range.
-  const auto attention_here = [&](int b) { return b > range.first_block || !range.starts_at_mlp; };
-  const auto mlp_here = [&](int b) { return b + 1 < range.end_block || !range.ends_at_attention; };
   for (int b = range.first_block; b < range.end_block; ++b) {
     const std::string p = cat("h.", b, ".");
-    if (attention_here(b)) {
+    if (has_attention(static_cast<size_t>(b - range.first_block))) {
       specs.push_back({p + "ln_1.weight", {C}, false, false});
       specs.push_back({p + "ln_1.bias", {C}, false, false});
       specs.push_back({p + "attn.c_attn.weight", {3 * C, C}, true, true, TpSplit::kQkvRows});
@@ -186,7 +183,7 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
       specs.push_back({p + "attn.c_proj.weight", {C, C}, true, true, TpSplit::kCols});
       specs.push_back({p + "attn.c_proj.bias", {C}, false, false});
     }
-    if (!mlp_here(b)) continue;
+    if (!has_mlp(static_cast<size_t>(b - range.first_block))) continue;
     specs.push_back({p + "ln_2.weight", {C}, false, false});
     specs.push_back({p + "ln_2.bias", {C}, false, false});
     specs.push_back({p + "mlp.c_fc.weight", {4 * C, C}, true, true, TpSplit::kRows});
@@ -240,7 +237,8 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   }
   for (int b = range.first_block; b < range.end_block; ++b) {
     const std::string p = cat("h.", b, ".");
-    const bool a = attention_here(b), m = mlp_here(b);
+    const bool a = has_attention(static_cast<size_t>(b - range.first_block)),
+               m = has_mlp(static_cast<size_t>(b - range.first_block));
     blocks_.push_back({find(p + "ln_1.weight", a), find(p + "ln_1.bias", a), find(p + "attn.c_attn.weight", a),
                        find(p + "attn.c_attn.bias", a), find(p + "attn.c_proj.weight", a),
                        find(p + "attn.c_proj.bias", a), find(p + "ln_2.weight", m), find(p + "ln_2.bias", m),

@@ -227,7 +227,9 @@ class Gpt {
   void produce(const Tensor& act, const Tensor& stage, const std::function<void(const Tensor&)>& make);
   // Whether the range holds block i's (its i-th, from first_block) attention half, its MLP half.
   bool has_attention(size_t i) const { return i > 0 || !range_.starts_at_mlp; }
-  bool has_mlp(size_t i) const { return i + 1 < blocks_.size() || !range_.ends_at_attention; }
+  bool has_mlp(size_t i) const {
+    return static_cast<int>(i) + 1 < range_.end_block - range_.first_block || !range_.ends_at_attention;
+  }
   const Tensor& block_output(size_t i) const;  // of the current slot: res3, or res2 without the MLP half
   void block_forward(int b, const Tensor& x);
   void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);

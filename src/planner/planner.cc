@@ -535,9 +535,8 @@ void score_by_replay(const CostModel& c, Plan& plan) {
 namespace {
 
 struct Split {
-  std::vector<int> layers;  // per stage; half-blocks with `halves`
+  std::vector<int> layers;  // per stage: layers, or half-blocks (balanced_half_split)
   double bottleneck_s;      // the slowest stage's time per micro-batch
-  bool halves = false;
 };
 
 // Stage 2: the least bottleneck time B such that the stages can take all layers, each stage taking
@@ -691,7 +690,7 @@ std::optional<Split> balanced_half_split(const CostModel& c, const Layout& layou
     (reach(mid).empty() ? lo : hi) = mid;
   }
   const std::vector<std::pair<int64_t, int64_t>> after = reach(hi);
-  Split split{std::vector<int>(static_cast<size_t>(p)), hi, true};
+  Split split{std::vector<int>(static_cast<size_t>(p)), hi};
   int64_t end = H;
   for (int i = p - 1; i >= 0; --i) {
     // The earliest start the stages before reach from which this stage takes everything up to `end`.
@@ -1385,9 +1384,12 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
   search.pick_by_replay();
   Plan plan = *search.best;
   plan.why = cat("fastest by its schedule's replay of the ", search.finalists.size(), " best of ",
-                 search.evaluated.load(), " costed layouts (", search.layouts.load(), " generated, ",
-                 search.pruned_memory.load(), " pruned for memory, ", search.pruned_bound.load(),
-                 " pruned by the lower bound; ", search.tier, " enumeration)");
+                 search.evaluated.load(), " costed layouts",
+                 search.half_finalists.empty()
+                     ? std::string()
+                     : cat(" and the ", search.half_finalists.size(), " best of their splits inside blocks"),
+                 " (", search.layouts.load(), " generated, ", search.pruned_memory.load(), " pruned for memory, ",
+                 search.pruned_bound.load(), " pruned by the lower bound; ", search.tier, " enumeration)");
   if (!too_large.empty()) plan.why += "; " + too_large;
   if (plan.devices_used < plan.devices_total) {
     plan.why += cat("; ", plan.devices_total - plan.devices_used, " of ", plan.devices_total,
