@@ -55,7 +55,7 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
              plan.num_micro_batches, ")"));
   }
   const int64_t rows = plan.global_batch / plan.num_micro_batches;
-  int next_half = 0;  // half-blocks: a stage may begin at a block's MLP half
+  int64_t next_half = 0;  // half-blocks: a stage may begin at a block's MLP half
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
     const std::string where = cat("stage ", i, " (", s.chip, "): ");
@@ -65,7 +65,7 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
     if (plan.chunks > 1 && (s.starts_at_mlp || s.ends_at_attention)) {
       fail(cat(where, "interleaved stages hold whole blocks; a boundary inside a block needs 1f1b"));
     }
-    if (2 * s.first_layer + s.starts_at_mlp != next_half || s.layers < 0 ||
+    if (2 * int64_t{s.first_layer} + s.starts_at_mlp != next_half || s.layers < 0 || s.layers > model.n_layer ||
         ((s.starts_at_mlp || s.ends_at_attention) && s.halves() < 1)) {
       fail(cat(where, "first_layer ", s.first_layer, s.starts_at_mlp ? " (from its MLP half)" : "", " with ", s.layers,
                " layers; the stages must cover blocks 0..", model.n_layer - 1, " in order",

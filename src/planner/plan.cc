@@ -309,7 +309,11 @@ void check_plan(const Plan& p, const std::string& source) {
   }
   if (p.stages.empty()) fail("stages", "there are none");
   const int64_t rows = int64_t{p.dp} * p.micro_batch;  // a micro-batch's sequences over a stage's replicas
-  int next_half = 0, fewest_layers = p.shape.layers;
+  // Bounded before any arithmetic on them (a fuzzed plan had -2^63 layers).
+  if (p.shape.layers < 1 || p.shape.layers > 1'000'000) {
+    fail("model.layers", cat("must be in 1..1000000, got ", p.shape.layers));
+  }
+  int64_t next_half = 0, fewest_layers = p.shape.layers;
   bool any_half = false;
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const StagePlan& s = p.stages[i];
@@ -334,9 +338,10 @@ void check_plan(const Plan& p, const std::string& source) {
       fail(where + "groups", cat("their ", replicas, " replicas take ", shared, " sequences; the stage has dp ", s.dp,
                                  " and a micro-batch ", rows));
     }
-    if (s.layers < 0 || 2 * s.first_layer + s.starts_at_mlp != next_half) {
+    if (s.layers < 0 || s.layers > p.shape.layers || s.first_layer < 0 || s.first_layer > p.shape.layers ||
+        2 * int64_t{s.first_layer} + s.starts_at_mlp != next_half) {
       fail(where + "first_layer",
-           cat("layers ", s.first_layer, "..", s.first_layer + s.layers - 1,
+           cat("layers ", s.first_layer, "..", int64_t{s.first_layer} + s.layers - 1,
                s.starts_at_mlp ? " from the MLP half" : "", ": the stages must cover the layers in order from 0",
                next_half % 2 == 1 ? ", this one from the MLP half of the block the stage before ends in" : ""));
     }
@@ -360,7 +365,7 @@ void check_plan(const Plan& p, const std::string& source) {
       if (!(v >= 0 && v <= most)) fail(where + name, cat("must be in [0, ", most, "], got ", v));
     }
     next_half += s.halves();
-    fewest_layers = std::min(fewest_layers, s.layers);
+    fewest_layers = std::min<int64_t>(fewest_layers, s.layers);
   }
   if (next_half != 2 * p.shape.layers) {
     fail("stages", cat("the stages hold ", next_half / 2.0, " of the model's ", p.shape.layers, " layers"));
