@@ -65,7 +65,7 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
     if (plan.chunks > 1 && (s.starts_at_mlp || s.ends_at_attention)) {
       fail(cat(where, "interleaved stages hold whole blocks; a boundary inside a block needs 1f1b"));
     }
-    if (2 * int64_t{s.first_layer} + s.starts_at_mlp != next_half || s.layers < 0 || s.layers > model.n_layer ||
+    if (s.start_half() != next_half || s.layers < 0 || s.layers > model.n_layer ||
         ((s.starts_at_mlp || s.ends_at_attention) && s.halves() < 1)) {
       fail(cat(where, "first_layer ", s.first_layer, s.starts_at_mlp ? " (from its MLP half)" : "", " with ", s.layers,
                " layers; the stages must cover blocks 0..", model.n_layer - 1, " in order",

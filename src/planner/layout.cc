@@ -2,6 +2,7 @@
 #include "planner/layout.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -120,8 +121,12 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
       if (index < 0) node.at("chip").fail(cat("unknown chip type '", chip, "' in cluster ", c.cluster().name));
       return index;
     };
-    const int64_t layers = n.get<int64_t>("layers");
-    if (layers < 0 || layers > c.model().layers) n.at("layers").fail(cat("must be in [0, ", c.model().layers, "]"));
+    // In half-blocks: 2.5 is two blocks and one more's attention half, or (after a stage that ended on one) its
+    // MLP half and two blocks (ScoreOptions::halves).
+    const double layers = n.get<double>("layers");
+    if (!(layers >= 0 && layers <= static_cast<double>(c.model().layers)) || layers * 2 != std::floor(layers * 2)) {
+      n.at("layers").fail(cat("must be a whole or half number of layers in [0, ", c.model().layers, "], got ", layers));
+    }
     Layout::Slot slot{0, int_field(n, "tp", 1), n.has("dp") ? int_field(n, "dp", 1) : 0};
     if (n.has("mix")) {
       // Replicas of several chip types with their shares of a micro-batch: [{chip: A100, replicas: 2, rows: 3}, ..].
@@ -138,13 +143,17 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
       slot.chip = chip_of(n);
     }
     s.layout.stages.push_back(slot);
-    s.layers.push_back(static_cast<int>(layers));
+    s.layers.push_back(static_cast<int>(2 * layers));
+    s.halves = s.halves || layers != std::floor(layers);
     std::optional<Recompute> r;
     if (n.has("recompute")) {
       r = parse_recompute(n.get<std::string>("recompute"));
       if (!r) n.at("recompute").fail("must be none, selective or full");
     }
     s.recompute.push_back(r);
+  }
+  if (!s.halves) {
+    for (int& layers : s.layers) layers /= 2;
   }
   check_layout(c, s, [&](size_t stage, const char* field, const std::string& what) {
     const ConfigNode& where = stage == static_cast<size_t>(-1) ? root : stages[stage];

@@ -10,6 +10,8 @@
 //   stages:              # in pipeline order: the first holds the embedding, the last the head
 //     - {chip: A100, tp: 8, layers: 12, recompute: full}   # dp: the stage's replicas (default: the top dp)
 //     - {chip: H100, tp: 8, layers: 20}                   # recompute: absent = the fastest allowed that fits
+//   layers may end in .5 (1f1b and gpipe): the stages then meet inside a block, one ending after its attention half
+//   and the next starting at its MLP half — {layers: 1.5} then {layers: 2.5} split block 1 between them.
 #pragma once
 
 #include <optional>

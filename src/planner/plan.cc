@@ -339,7 +339,7 @@ void check_plan(const Plan& p, const std::string& source) {
                                  " and a micro-batch ", rows));
     }
     if (s.layers < 0 || s.layers > p.shape.layers || s.first_layer < 0 || s.first_layer > p.shape.layers ||
-        2 * int64_t{s.first_layer} + s.starts_at_mlp != next_half) {
+        s.start_half() != next_half) {
       fail(where + "first_layer",
            cat("layers ", s.first_layer, "..", int64_t{s.first_layer} + s.layers - 1,
                s.starts_at_mlp ? " from the MLP half" : "", ": the stages must cover the layers in order from 0",

@@ -59,9 +59,10 @@ struct StagePlan {
   std::vector<ReplicaGroup> groups;
 
   int devices() const { return tp * dp; }
-  // Its blocks in half-blocks (a whole block 2, a half 1), and the first half-block after it.
+  // Its blocks in half-blocks (a whole block 2, a half 1), and its first half-block (64-bit: checks run it on
+  // unchecked input); the stages cover the model when each starts where the one before ends.
   int halves() const { return 2 * layers - starts_at_mlp - ends_at_attention; }
-  int end_half() const { return 2 * first_layer + starts_at_mlp + halves(); }
+  int64_t start_half() const { return 2 * int64_t{first_layer} + starts_at_mlp; }
   // The replicas of each chip type: its groups, or else all dp replicas of its own chip as one group (rows 0: an
   // equal share each) with the stage's own recomputation, times and memory.
   std::vector<ReplicaGroup> replica_groups() const;

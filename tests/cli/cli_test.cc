@@ -228,6 +228,15 @@ TEST(CliPlan, LayoutAndRecostingSimulation) {
   const Result chunks = run_h2("simulate " + plan + " --schedule interleaved --chunks 1000000");
   EXPECT_EQ(chunks.status, 1);
   EXPECT_THAT(chunks.output, HasSubstr("field 'chunks': 1000000 chunks per stage, but a stage has only 0 layers"));
+  // The shipped layout whose stages meet inside block 1, and its plan re-costed.
+  const std::string halves = testing_util::temp_path("cli_layout_halves.json");
+  const Result h = run_h2("plan --layout " + ex + "layout_local_halves.yaml --out " + halves + files);
+  ASSERT_EQ(h.status, 0) << h.output;
+  EXPECT_THAT(h.output, HasSubstr("0-1a (1.5)+E"));
+  EXPECT_THAT(h.output, HasSubstr("1m-3 (2.5)"));
+  const Result h_recosted = run_h2("simulate " + halves + files);
+  ASSERT_EQ(h_recosted.status, 0) << h_recosted.output;
+  EXPECT_THAT(h_recosted.output, HasSubstr(run_h2("simulate " + halves).output.substr(0, 40)));
 }
 
 TEST(CliLaunch, SetsTheRendezvousVariables) {

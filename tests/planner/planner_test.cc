@@ -716,12 +716,48 @@ TEST(Layout, FileErrorsNameTheFieldAndALayoutThatDoesNotFitSaysSo) {
               HasSubstr("4 chunks, but a stage has 3 layers"));
   EXPECT_THAT(error_of([&] { load("schedule: zigzag\n" + two); }, ErrorCode::kConfig),
               HasSubstr("unknown schedule 'zigzag'"));
+  EXPECT_THAT(error_of([&] { load("stages:\n  - {chip: Y, tp: 2, layers: 2.3}\n"); }, ErrorCode::kConfig),
+              HasSubstr("field 'stages[0].layers': must be a whole or half number of layers in [0, 6], got 2.3"));
+  EXPECT_THAT(error_of([&] { load("stages:\n  - {chip: Y, tp: 2, layers: 2.5}\n  - {chip: Z, tp: 2, layers: 3}\n"); },
+                       ErrorCode::kConfig),
+              HasSubstr("the stages hold 5.5 layers; the model has 6"));
+  EXPECT_THAT(error_of(
+                  [&] {
+                    load(
+                        "schedule: interleaved\nchunks: 2\nstages:\n  - {chip: Y, tp: 2, layers: 2.5}\n"
+                        "  - {chip: Z, tp: 2, layers: 3.5}\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("interleaved stages hold whole blocks"));
   // All six layers on the 2 GiB chip X: costed anyway, and said not to fit.
   const Plan over = cost_layout(costs, load("stages:\n  - {chip: X, tp: 2, layers: 6, recompute: none}\n"));
   EXPECT_FALSE(over.fits);
   EXPECT_THAT(over.limited_by, HasSubstr("DOES NOT FIT: stage 0 (X, TP 2) with 6 layers needs"));
   EXPECT_GT(over.stages[0].memory_bytes, over.stages[0].capacity_bytes);
   EXPECT_THAT(format_plan(over), HasSubstr("DOES NOT FIT"));
+  // Stages meeting inside a block: 2.5 layers then 3.5 split block 2 — its attention half on the first stage, its
+  // MLP half on the second; each stage's time lies between its whole blocks' and one block more's.
+  const Plan halves = cost_layout(costs, load("stages:\n  - {chip: Y, tp: 2, layers: 2.5, recompute: none}\n"
+                                              "  - {chip: Z, tp: 2, layers: 3.5, recompute: none}\n"));
+  ASSERT_EQ(halves.stages.size(), 2u);
+  const StagePlan &h0 = halves.stages[0], &h1 = halves.stages[1];
+  EXPECT_EQ(h0.first_layer, 0);
+  EXPECT_EQ(h0.layers, 3);
+  EXPECT_TRUE(h0.ends_at_attention);
+  EXPECT_FALSE(h0.starts_at_mlp);
+  EXPECT_EQ(h1.first_layer, 2);
+  EXPECT_EQ(h1.layers, 4);
+  EXPECT_TRUE(h1.starts_at_mlp);
+  EXPECT_FALSE(h1.ends_at_attention);
+  EXPECT_NO_THROW(Plan::from_json(halves.to_json(), "p.json"));  // the plan checker takes it
+  const Plan two_four = cost_layout(costs, load("stages:\n  - {chip: Y, tp: 2, layers: 2, recompute: none}\n"
+                                                "  - {chip: Z, tp: 2, layers: 4, recompute: none}\n"));
+  const Plan three_three = cost_layout(costs, load("stages:\n  - {chip: Y, tp: 2, layers: 3, recompute: none}\n"
+                                                   "  - {chip: Z, tp: 2, layers: 3, recompute: none}\n"));
+  EXPECT_GT(h0.forward_s, two_four.stages[0].forward_s);
+  EXPECT_LT(h0.forward_s, three_three.stages[0].forward_s);
+  EXPECT_GT(h1.forward_s, three_three.stages[1].forward_s);
+  EXPECT_LT(h1.forward_s, two_four.stages[1].forward_s);
   // Interleaved: the planner's step is the replay's.
   const Plan inter = cost_layout(costs, load("schedule: interleaved\nchunks: 3\n" + two));
   EXPECT_EQ(inter.schedule, ScheduleKind::kInterleaved);
@@ -814,7 +850,8 @@ TEST(Plan, AStageBoundaryInsideABlockRoundTripsAndIsChecked) {
   b.layers += 1;
   b.starts_at_mlp = true;
   EXPECT_EQ(a.halves(), 2 * a.layers - 1);
-  EXPECT_EQ(b.end_half(), 2 * (b.first_layer + b.layers));
+  EXPECT_EQ(b.start_half(), 2 * b.first_layer + 1);
+  EXPECT_EQ(b.start_half() + b.halves(), 2 * (b.first_layer + b.layers));
   const Plan back = Plan::from_json(plan.to_json(), "p.json");
   EXPECT_EQ(back.to_json(), plan.to_json());
   EXPECT_TRUE(back.stages[0].ends_at_attention);
