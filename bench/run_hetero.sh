@@ -4,9 +4,10 @@
 # each trained for a few steps by `h2 train --cluster --plan`, against what the simulator predicts for the same
 # plan. First h2 profile measures the chips (and their kernels' work, which the emulated chips of every run then
 # pace to: device/emu/device.h); one run of the uniform split on the profiled figures calibrates them (h2 calibrate),
-# and all four are planned on the calibrated figures; a fifth run costs examples/layout_local_halves.yaml (two stages
-# meeting inside a block) on them with h2 plan --layout. ROUNDS (default 3) alternating rounds of all five, so that
-# the host's load falls on each alike; the table gives each figure's mean and min-max. Writes docs/pipeline_bench.md.
+# and all four are planned on the calibrated figures; two more runs cost layouts written by hand on them with
+# h2 plan --layout: examples/layout_local_halves.yaml (two stages meeting inside a block) and its whole-block twin
+# examples/layout_local.yaml. ROUNDS (default 3) alternating rounds of all six, so that the host's load falls on each
+# alike; the table gives each figure's mean and min-max. Writes docs/pipeline_bench.md.
 # Needs the sample data (scripts/setup.sh fetches it). STEPS (default 12) sets the steps per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,9 +41,13 @@ for run in plan uniform fast slow; do
     echo "$run: does not fit: $(grep -o 'error: .*' $out/$run.plan.txt | head -1)"
   fi
 done
-build/h2 plan --cluster $out/cluster.yaml --model $model --train $setup --layout examples/layout_local_halves.yaml \
-  --out $out/halves.json > $out/halves.plan.txt
-runs+=(halves)
+for run in halves whole; do
+  layout=examples/layout_local.yaml
+  [ $run = whole ] || layout=examples/layout_local_$run.yaml
+  build/h2 plan --cluster $out/cluster.yaml --model $model --train $setup --layout $layout --out $out/$run.json \
+    > $out/$run.plan.txt
+  runs+=("$run")
+done
 for round in $(seq 1 "$rounds"); do
   for run in "${runs[@]}"; do
     echo "round $round/$rounds: $run"
@@ -59,12 +64,13 @@ def spread(xs, f="{:.0f}"):
 print(f"Measured by bench/run_hetero.sh: {rounds} alternating rounds of {steps} steps per run (step time = mean after")
 print("2 warm-up steps), on the cluster examples/cluster_local.yaml as profiled by h2 profile and calibrated by")
 print("h2 calibrate on one earlier run of the uniform split (runs/bench_hetero/cluster.yaml); each figure the mean")
-print("over the rounds, (min–max). layout_local_halves.yaml is not planned: a layout written by hand whose slow stages")
-print("meet inside block 1, costed by h2 plan --layout on the same calibrated figures.\n")
+print("over the rounds, (min–max). The last two rows are not planned: layouts written by hand, costed by h2 plan")
+print("--layout on the same calibrated figures — layout_local_halves.yaml, whose slow stages meet inside block 1, and")
+print("its twin in whole blocks, layout_local.yaml.\n")
 print("| run | devices | stages (chip: layers) | measured tokens/s | simulated tokens/s | measured / simulated |")
 print("|---|---|---|---|---|---|")
 tokens, ratios = {}, {}
-for name in ("plan", "uniform", "fast", "slow", "halves"):
+for name in ("plan", "uniform", "fast", "slow", "halves", "whole"):
     if name not in runs:
         print(f"| {name} alone | | | does not fit | | |" if name in ("fast", "slow") else f"| {name} | | | does not fit | | |")
         continue
@@ -79,14 +85,19 @@ for name in ("plan", "uniform", "fast", "slow", "halves"):
     tokens[name] = [s["measured_tokens_per_s"] for s in summaries]
     sim_tok = plan["global_batch"] * plan["model"]["seq_len"] / summaries[0]["simulated_step_s"]
     ratio = ratios[name] = [s["measured_over_simulated"] for s in summaries]
-    label = {"plan": "plan", "uniform": "uniform", "halves": "layout_local_halves.yaml"}.get(name, f"{name} alone")
+    label = {"plan": "plan", "uniform": "uniform", "halves": "layout_local_halves.yaml",
+             "whole": "layout_local.yaml"}.get(name, f"{name} alone")
     print(f"| {label} | {plan['prediction']['devices_used']} | {stages} | {spread(tokens[name])} | {sim_tok:.0f} | "
           f"{spread(ratio, '{:.2f}')} |")
 print()
-misses = [f"{name} round {r + 1}: {x:.3f}"
-          for name, xs in ratios.items() for r, x in enumerate(xs) if abs(x - 1) > 0.05]
-print(f"Runs within 5% of their simulated step (#15's bar): {sum(map(len, ratios.values())) - len(misses)} of "
-      f"{sum(map(len, ratios.values()))}" + (f" (outside: {', '.join(misses)})" if misses else "") + ".  ")
+for what, names in (("Runs within 5% of their simulated step (#15's bar: the plan, the uniform split, each type alone)",
+                     ("plan", "uniform", "fast", "slow")), ("The layouts written by hand", ("halves", "whole"))):
+    counted = {name: xs for name, xs in ratios.items() if name in names}
+    misses = [f"{name} round {r + 1}: {x:.3f}"
+              for name, xs in counted.items() for r, x in enumerate(xs) if abs(x - 1) > 0.05]
+    total = sum(map(len, counted.values()))
+    print(f"{what}: {total - len(misses)} of {total} within 5%" + (f" (outside: {', '.join(misses)})" if misses else "")
+          + ".  ")
 drifts = [m["emulation_drift"] for name in ratios for r in range(1, rounds + 1)
           for m in json.load(open(f"{out}/{name}.{r}/summary.json"))["memory"] if "emulation_drift" in m]
 if drifts:

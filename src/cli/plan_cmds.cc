@@ -143,8 +143,8 @@ void register_plan(CLI::App& app, Command& selected) {
   pl->add_flag("--whole-blocks", o->whole_blocks,
                "stages begin and end at whole blocks (no stage boundary between a block's attention and its MLP)");
   pl->add_option("--layout", o->layout,
-                 "cost this layout as given instead of searching (stages, TP, DP, layers, recomputation, "
-                 "micro-batch, schedule; docs/planner.md)")
+                 "cost this layout as given instead of searching (stages, TP, DP, layers — 2.5: stages meeting "
+                 "inside a block —, recomputation, micro-batch, schedule; docs/planner.md)")
       ->excludes("--compare")
       ->excludes("--baseline");
   pl->callback([o, &selected] { selected = [o] { return run_plan(*o); }; });
