@@ -512,19 +512,26 @@ void StageRunner::reduce_tied_embedding() {
     return;
   }
   const int64_t C = config_.n_embd, first = model_->vocab().first;
-  // The ends' DP alike, their TP not: each row has one holder at each end, so one all-reduce of the whole
-  // vocabulary's rows (zeros but this rank's own) over the replica's ranks at both ends sums every row's two
-  // gradients, on the host, in a buffer kept from step to step. Measured on the built-in cluster (a slow TP-1 end,
-  // a fast TP-2 end, bf16; the trace of examples/layout_local.yaml's plan): 0.53 s a step range by range over `all`
-  // below (point-to-point messages of 26 MB through this host's UCX), 21-25 ms so (docs/planner.md).
+  // The ends' DP alike, their TP not: each row has one holder at each end, so all-reducing the whole vocabulary's
+  // rows (zeros but this rank's own) over the replica's ranks at both ends sums every row's two gradients — on the
+  // host, piece by piece (options_.tied_piece_floats), in a buffer kept from step to step. Measured on the built-in
+  // cluster (a slow TP-1 end, a fast TP-2 end, bf16; the trace of examples/layout_local.yaml's plan): 0.53 s a step
+  // range by range over `all` below (point-to-point messages of 26 MB through this host's UCX), 21-25 ms so in one
+  // piece (docs/planner.md).
   if (comms_.tied.size() > 2) {
-    tied_rows_.resize(static_cast<size_t>(config_.vocab_size * C));
-    const auto own = tied_rows_.begin() + first * C, end = own + wte->grad.numel();
-    std::fill(tied_rows_.begin(), own, 0.0f);
-    std::fill(end, tied_rows_.end(), 0.0f);
-    copy_to_host(&*own, wte->grad);
-    comms_.tied.all_reduce(tied_rows_.data(), tied_rows_.size(), DType::kF32, ReduceOp::kSum);
-    copy_from_host(wte->grad, &*own);
+    const int64_t total = config_.vocab_size * C, own_first = first * C, own_end = own_first + wte->grad.numel();
+    const int64_t piece = std::min(total, std::max<int64_t>(1, options_.tied_piece_floats));
+    const Tensor own = wte->grad.reshape({wte->grad.numel()});
+    tied_rows_.resize(static_cast<size_t>(piece));
+    for (int64_t at = 0; at < total; at += piece) {
+      // This piece's floats [at, at + n); this rank's rows in it, [lo, hi).
+      const int64_t n = std::min(piece, total - at), lo = std::max(at, own_first), hi = std::min(at + n, own_end);
+      std::fill_n(tied_rows_.begin(), n, 0.0f);
+      const Tensor mine = lo < hi ? own.slice(lo - own_first, hi - own_first) : Tensor();
+      if (mine.defined()) copy_to_host(tied_rows_.data() + (lo - at), mine);
+      comms_.tied.all_reduce(tied_rows_.data(), static_cast<size_t>(n), DType::kF32, ReduceOp::kSum);
+      if (mine.defined()) copy_from_host(mine, tied_rows_.data() + (lo - at));
+    }
     return;
   }
   std::vector<float> own(static_cast<size_t>(wte->grad.numel()));

@@ -115,6 +115,9 @@ TiedExchange tied_exchange(const StageLayout& layout, int64_t vocab, int rank, b
 struct OptimOptions {
   double grad_clip = 1.0;
   bool zero1 = false;  // shard the optimizer state over the stage's replicas
+  // The tied embedding's sum between ends of unlike TP goes through host memory in pieces of at most this many
+  // floats of the vocabulary's rows (16 MiB), not in one buffer of them all (reduce_tied_embedding).
+  int64_t tied_piece_floats = int64_t{1} << 22;
 };
 
 class StageRunner {
@@ -206,7 +209,7 @@ class StageRunner {
   std::vector<Transfer> from_prev_, to_next_, from_next_, to_prev_;  // this rank's pieces at its boundaries
   int64_t p2p_bytes_sent_ = 0;
   TiedExchange tied_;             // and its rows of the tied embedding
-  std::vector<float> tied_rows_;  // the whole vocabulary's rows, when the ends' TP differ (reduce_tied_embedding)
+  std::vector<float> tied_rows_;  // a piece of the vocabulary's rows, when the ends' TP differ (reduce_tied_embedding)
   std::vector<Tensor> stash_;     // per slot: the stage's input activations (not on the first stage)
   std::vector<Tensor> tokens_;    // per slot: the first stage's tokens (the embedding's backward reads them)
   std::vector<Tensor> gout_;      // input gradients being sent, used in turn (not on the first stage)

@@ -101,6 +101,7 @@ struct PipelineCase {
   std::vector<Recompute> recompute;  // per stage (empty: none); activation slots follow the schedule
   GptConfig config = kConfig;
   int chunks = 1;  // > 1: interleaved 1F1B
+  int64_t tied_piece_floats = OptimOptions{}.tied_piece_floats;
 };
 
 Curve pipelined(const PipelineCase& pc, double grad_clip) {
@@ -131,10 +132,10 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
         std::vector<StageRunner*> chunks;
         for (int c = 0; c < pc.chunks; ++c) {
           const int vs = c * stages + place.stage;
-          runners.push_back(
-              std::make_unique<StageRunner>(pc.config, *device, pc.stages[static_cast<size_t>(vs)], layout, comms, rows,
-                                            kSeq, OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1},
-                                            ActivationPolicy{recompute, max_in_flight(schedule, place.stage, vs)}, c));
+          runners.push_back(std::make_unique<StageRunner>(
+              pc.config, *device, pc.stages[static_cast<size_t>(vs)], layout, comms, rows, kSeq,
+              OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1, .tied_piece_floats = pc.tied_piece_floats},
+              ActivationPolicy{recompute, max_in_flight(schedule, place.stage, vs)}, c));
           runners.back()->model().init(7);
           chunks.push_back(runners.back().get());
         }
@@ -287,19 +288,26 @@ TEST(PipelineRuntime, StagesOfDifferentDataAndTensorParallelismReshardAtTheirBou
 
 // The vocabulary-parallel embedding and head at TP 2 and TP 4, with a vocabulary of 61 that neither divides (rows
 // 30 + 31, and 15 + 15 + 15 + 16): both ends' shards differ in size from each other's TP ranks when the ends differ
-// in TP (TP 4 | TP 2, DP 2), so the tied embedding's rows are exchanged range by range. The loss follows the
-// single-device curve within 1e-4, and the gradients of one step, shards put together, match the unpipelined
+// in TP (TP 4 | TP 2, DP 2), so the tied embedding's rows are exchanged range by range; ends of one DP but
+// unlike TP (TP 2 | TP 4, TP 1 | TP 2) sum the whole vocabulary's rows over both ends' ranks, here in pieces of 100
+// floats that split rows of 32 (a piece then holds parts of two ranks' rows, or none of a rank's). The loss follows
+// the single-device curve within 1e-4, and the gradients of one step, shards put together, match the unpipelined
 // model's.
 TEST(PipelineRuntime, VocabularyParallelEmbeddingAndHeadAtTp2AndTp4) {
   const GptConfig config{.n_layer = 4, .n_head = 4, .n_embd = 32, .vocab_size = 61, .seq_len = 16};
   const Curve ref = reference(1.0, config);
-  for (const std::vector<StageShape>& shapes :
-       std::vector<std::vector<StageShape>>{{{1, 2}, {1, 2}}, {{1, 4}, {1, 4}}, {{1, 4}, {2, 2}}, {{2, 1}, {1, 4}}}) {
+  for (const std::vector<StageShape>& shapes : std::vector<std::vector<StageShape>>{{{1, 2}, {1, 2}},
+                                                                                    {{1, 4}, {1, 4}},
+                                                                                    {{1, 4}, {2, 2}},
+                                                                                    {{2, 1}, {1, 4}},
+                                                                                    {{1, 2}, {1, 4}},
+                                                                                    {{1, 1}, {1, 2}}}) {
     const PipelineCase pc{.stages = {kFirst2, kLast2},
                           .backends = {"cpu", "emu"},
                           .shapes = shapes,
                           .micro_batches = 2,
-                          .config = config};
+                          .config = config,
+                          .tied_piece_floats = 100};
     expect_same_curve(ref, pipelined(pc, 1.0));
   }
   const Curve ref_grads = reference(0.0, config);
@@ -310,6 +318,13 @@ TEST(PipelineRuntime, VocabularyParallelEmbeddingAndHeadAtTp2AndTp4) {
                                .config = config},
                               0.0);
   expect_same_grads(ref_grads, got);
+  expect_same_grads(ref_grads, pipelined({.stages = {kFirst2, kLast2},
+                                          .backends = {"cpu", "ref"},
+                                          .shapes = {{1, 1}, {1, 2}},
+                                          .micro_batches = 2,
+                                          .config = config,
+                                          .tied_piece_floats = 100},
+                                         0.0));
 }
 
 // Partitioned pipeline sends (Megatron-LM's scatter-gather): at TP 2 -> TP 2 each sending rank sends half of a
