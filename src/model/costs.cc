@@ -1,6 +1,7 @@
 // Transformer size, FLOPs and activation formulas (see costs.h for the sources).
 #include "model/costs.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace h2 {
@@ -156,6 +157,16 @@ BlockHalves halves(const StageMemorySpec& m) {
   return {m.layers - attention - mlp, attention, mlp};
 }
 
+// Which of the blocks in h recompute: the first m.recompute_blocks of them in the order the stage holds them (its MLP
+// half, its whole blocks, its attention half); all of them when it is negative; none without recomputation.
+BlockHalves recomputed_halves(const StageMemorySpec& m, const BlockHalves& h) {
+  if (m.recompute == Recompute::kNone) return {};
+  const int64_t n = h.whole + h.attention + h.mlp;
+  const int64_t j = m.recompute_blocks < 0 ? n : std::min(m.recompute_blocks, n);
+  const int64_t mlp = std::min(j, h.mlp);
+  return {std::min(j - mlp, h.whole), j == n ? h.attention : 0, mlp};
+}
+
 }  // namespace
 
 int64_t stage_params(const StageMemorySpec& m) {
@@ -195,33 +206,43 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   const double split = (qkv + C + 2 * ffn) / t, stats = 4 * bt * kStatBytes;
   const double block_all =
       bt * (4 * C * e.activation + (2 * C + split) * e.block_activation) + stats + att * e.block_activation;
-  const double block_kept = m.recompute == Recompute::kNone        ? block_all
-                            : m.recompute == Recompute::kSelective ? block_all - att * e.block_activation
-                                                                   : bt * C * e.activation;
+  // Under recomputation r: what a whole block, an attention half and an MLP half keep.
+  const auto block_kept = [&](Recompute rc) {
+    return rc == Recompute::kNone        ? block_all
+           : rc == Recompute::kSelective ? block_all - att * e.block_activation
+                                         : bt * C * e.activation;
+  };
   // A half block keeps its half's tensors (attention: ln1 and its statistics, qkv, the attention output and
   // probabilities, attproj, res2; MLP: ln2 and its statistics, both MLP activations, fcproj, res3), or under full
   // recomputation its output alone.
+  const double half_stats = 2 * bt * kStatBytes;
+  const auto attention_kept = [&](Recompute rc) {
+    return rc == Recompute::kFull ? bt * C * e.activation
+                                  : bt * (2 * C * e.activation + (C + (qkv + C) / t) * e.block_activation) +
+                                        half_stats + (rc == Recompute::kNone ? att * e.block_activation : 0);
+  };
+  const auto mlp_kept = [&](Recompute rc) {
+    return rc == Recompute::kFull ? bt * C * e.activation
+                                  : bt * (2 * C * e.activation + (C + 2 * ffn / t) * e.block_activation) + half_stats;
+  };
+  // The first recompute_blocks of the stage's blocks, in order (its MLP half, whole blocks, its attention half),
+  // recompute; the rest keep everything.
   const BlockHalves h = halves(m);
-  r.activations = static_cast<double>(h.whole) * block_kept;
-  if (h.attention + h.mlp > 0) {
-    const double half_stats = 2 * bt * kStatBytes;
-    const double attention_kept = m.recompute == Recompute::kFull
-                                      ? bt * C * e.activation
-                                      : bt * (2 * C * e.activation + (C + (qkv + C) / t) * e.block_activation) +
-                                            half_stats +
-                                            (m.recompute == Recompute::kNone ? att * e.block_activation : 0);
-    const double mlp_kept = m.recompute == Recompute::kFull
-                                ? bt * C * e.activation
-                                : bt * (2 * C * e.activation + (C + 2 * ffn / t) * e.block_activation) + half_stats;
-    r.activations += static_cast<double>(h.attention) * attention_kept + static_cast<double>(h.mlp) * mlp_kept;
-  }
+  const BlockHalves redo = recomputed_halves(m, h);
+  const auto rc = [&](bool redone) { return redone ? m.recompute : Recompute::kNone; };
+  r.activations = static_cast<double>(redo.whole) * block_kept(m.recompute) +
+                  static_cast<double>(h.whole - redo.whole) * block_kept(Recompute::kNone) +
+                  static_cast<double>(h.attention) * attention_kept(rc(redo.attention > 0)) +
+                  static_cast<double>(h.mlp) * mlp_kept(rc(redo.mlp > 0));
   if (m.embedding) r.activations += bt * C * e.activation;  // the embedding's output
   if (m.head)
     r.activations += bt * C * e.block_activation + 3 * bt * kStatBytes + bt * V * e.logits;  // ln_f, stats, logits
   r.inputs = m.embedding ? bt * kTokenBytes : bt * C * e.activation;
   // Recomputation writes into one block's worth, shared: the probabilities (selective) or all but res3 (full).
-  if (h.whole + h.attention > 0 && m.recompute == Recompute::kSelective) r.recompute = att * e.block_activation;
-  if (m.layers > 0 && m.recompute == Recompute::kFull) r.recompute = block_all - bt * C * e.activation;
+  if (redo.whole + redo.attention > 0 && m.recompute == Recompute::kSelective) r.recompute = att * e.block_activation;
+  if (redo.whole + redo.attention + redo.mlp > 0 && m.recompute == Recompute::kFull) {
+    r.recompute = block_all - bt * C * e.activation;
+  }
   // The model's gradient buffers: two for the gradient flowing back, five more for a block's, one for the head.
   r.grad_scratch = 2 * bt * C * e.activation;
   if (m.layers > 0) r.grad_scratch += bt * (3 * C + split) * e.activation;
@@ -257,9 +278,14 @@ StageMemory chunked_stage_memory(const StageMemorySpec& spec, std::span<const in
   const int v = static_cast<int>(chunk_in_flight.size());
   if (v <= 1) return stage_memory(spec);
   std::vector<StageMemory> chunks;
+  int64_t before = 0;  // the stage's blocks in the chunks before this one
   for (int k = 0; k < v; ++k) {
     StageMemorySpec s = spec;
     s.layers = chunk_layers(static_cast<int>(spec.layers), v, k);
+    // The stage's first recompute_blocks are the first chunks'.
+    if (spec.recompute_blocks >= 0)
+      s.recompute_blocks = std::clamp<int64_t>(spec.recompute_blocks - before, 0, s.layers);
+    before += s.layers;
     s.embedding = spec.embedding && k == 0;
     s.head = spec.head && k == v - 1;
     s.starts_at_mlp = spec.starts_at_mlp && k == 0;

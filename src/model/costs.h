@@ -128,6 +128,9 @@ struct StageMemorySpec {
   int tp_rank = -1;          // whose vocabulary rows; -1: the rank with the most (the last)
   int optimizer_shards = 1;  // ZeRO-1: the stage's replicas share the optimizer state; 1 without it
   Recompute recompute = Recompute::kNone;
+  // The first this many of its blocks (a half counting as one, in order) recompute as `recompute` says and the rest
+  // keep every activation (Megatron-LM's --recompute-method block); -1: all of them.
+  int64_t recompute_blocks = -1;
   int in_flight = 1;  // micro-batches whose activations the stage holds at once
   ElementBytes bytes;
 };
@@ -155,7 +158,8 @@ StageMemory combine_chunks(const std::vector<StageMemory>& chunks);
 int chunk_layers(int stage_layers, int chunks, int chunk);
 // What a device of a stage holds when it runs chunk_in_flight.size() chunks (a model per chunk, as the runtime
 // allocates them): spec's layers split by chunk_layers, the embedding with the first chunk, the head with the
-// last, chunk k keeping chunk_in_flight[k] micro-batches in flight; combine_chunks of their stage_memory. With
+// last, the stage's first recompute_blocks in its first chunks, chunk k keeping chunk_in_flight[k] micro-batches in
+// flight; combine_chunks of their stage_memory. With
 // fewer than two chunks, stage_memory(spec).
 StageMemory chunked_stage_memory(const StageMemorySpec& spec, std::span<const int> chunk_in_flight);
 

@@ -137,6 +137,10 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                     " must be positive with the sequence at most seq_len = ", config.seq_len));
   }
   if (policy_.slots < 1) throw Error(ErrorCode::kInvalidArgument, cat("model: ", policy_.slots, " activation slots"));
+  if (policy_.recompute_blocks < -1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("model: recomputation of the first ", policy_.recompute_blocks, " blocks (-1: all, or 0 or more)"));
+  }
   // What the model will allocate (costs.h counts it exactly), checked before any of it is: a model far past the
   // device's memory is an error naming the sizes, not an allocation that exhausts the host on the way.
   const StageMemorySpec spec{.shape = config.shape(),
@@ -150,6 +154,7 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                              .tp = tp_.size,
                              .tp_rank = tp_.rank,
                              .recompute = policy_.recompute,
+                             .recompute_blocks = policy_.recompute_blocks,
                              .in_flight = policy_.slots,
                              .bytes = ElementBytes::of(policy_.precision)};
   const StageMemory need = stage_memory(spec);
@@ -250,10 +255,12 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
   auto f32 = [&](Shape s) { return device.empty(DType::kF32, s); };
   auto lowp = [&](Shape s) { return device.empty(bf16() ? DType::kBF16 : DType::kF32, s); };  // kept in bf16
   const int64_t NH = config_.n_head / tp_.size, Cs = C / tp_.size, bt = int64_t{B} * T;
-  if (!blocks_.empty() && (has_attention(0) || blocks_.size() > 1) && policy_.recompute == Recompute::kSelective) {
+  const bool redo_first = !blocks_.empty() && recompute_of(0) != Recompute::kNone;
+  if (redo_first && (has_attention(0) || (blocks_.size() > 1 && recompute_of(1) != Recompute::kNone)) &&
+      policy_.recompute == Recompute::kSelective) {
     shared_.att = lowp({B, NH, T, T});
   }
-  if (!blocks_.empty() && policy_.recompute == Recompute::kFull) {
+  if (redo_first && policy_.recompute == Recompute::kFull) {
     shared_ = BlockActs{lowp({B, T, C}),      f32({bt}),           f32({bt}),      lowp({B, T, 3 * Cs}),
                         lowp({B, T, Cs}),     lowp({B, NH, T, T}), f32({B, T, C}), f32({B, T, C}),
                         lowp({B, T, C}),      f32({bt}),           f32({bt}),      lowp({B, T, 4 * Cs}),
@@ -293,7 +300,7 @@ Gpt::Activations Gpt::allocate_activations() {
   Activations a;
   if (range_.embedding) a.encoded = f32({B, T, C});
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    if (policy_.recompute == Recompute::kFull) {  // the block's output; the rest is recomputed into shared_
+    if (recompute_of(b) == Recompute::kFull) {  // the block's output; the rest is recomputed into shared_
       BlockActs acts = shared_;
       (has_mlp(b) ? acts.res3 : acts.res2) = f32({B, T, C});
       a.blocks.push_back(acts);
@@ -306,7 +313,7 @@ Gpt::Activations Gpt::allocate_activations() {
       acts.ln1_rstd = f32({bt});
       acts.qkv = lowp({B, T, 3 * Cs});
       acts.atty = lowp({B, T, Cs});
-      acts.att = policy_.recompute == Recompute::kSelective ? shared_.att : lowp({B, NH, T, T});
+      acts.att = recompute_of(b) == Recompute::kSelective ? shared_.att : lowp({B, NH, T, T});
       acts.attproj = f32({B, T, C});
       acts.res2 = f32({B, T, C});
     }
@@ -536,10 +543,11 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
   // Recomputation: the whole block's forward (kFull, into the shared buffers; the row-parallel all-reduces run
   // again), or only its attention probabilities (kSelective), from what the slot kept.
   const bool attention = has_attention(static_cast<size_t>(b)), mlp = has_mlp(static_cast<size_t>(b));
-  if (policy_.recompute == Recompute::kFull || (policy_.recompute == Recompute::kSelective && attention)) {
+  const Recompute recompute = recompute_of(static_cast<size_t>(b));
+  if (recompute == Recompute::kFull || (recompute == Recompute::kSelective && attention)) {
     device_->synchronize();
     const double start = monotonic_seconds();
-    if (policy_.recompute == Recompute::kFull) {
+    if (recompute == Recompute::kFull) {
       block_forward(b, x);
     } else {
       ops::attention_forward(a.atty, a.att, a.qkv, config_.n_head / tp_.size);

@@ -16,7 +16,8 @@
 // al. 2022): kNone keeps every block tensor; kSelective keeps all but the attention probabilities (B,NH,T,T),
 // which backward recomputes per block into one shared buffer; kFull keeps each block's output only and recomputes
 // each block's forward, one at a time, into one shared set of block buffers; plus gradient scratch shared by every
-// block and slot.
+// block and slot. The policy may cover only the first blocks of the range (recompute_blocks, Megatron-LM's block
+// method), the rest keeping everything.
 //
 // Tensor parallelism (Shoeybi et al. 2019, "Megatron-LM", section 3): with TensorParallel{rank, size > 1} a
 // Gpt holds its TP rank's shard of every block. c_attn and c_fc are split by output rows (column-parallel; for
@@ -101,6 +102,9 @@ struct ActivationPolicy {
   Recompute recompute = Recompute::kNone;
   int slots = 1;  // micro-batches whose activations it holds at once (a pipeline stage: those in flight)
   Precision precision = Precision::kF32;
+  // The first this many of the range's blocks (a half counting as one) recompute as `recompute` says; the rest keep
+  // every activation (Megatron-LM's --recompute-method block --recompute-num-layers). -1: every block.
+  int recompute_blocks = -1;
 };
 
 // Calls fn(full_offset, shard_offset, count) for each contiguous run of elements that rank `rank` of `size`
@@ -229,6 +233,11 @@ class Gpt {
   bool has_attention(size_t i) const { return i > 0 || !range_.starts_at_mlp; }
   bool has_mlp(size_t i) const {
     return static_cast<int>(i) + 1 < range_.end_block - range_.first_block || !range_.ends_at_attention;
+  }
+  // Block i's recomputation: the policy's for the first recompute_blocks, none after.
+  Recompute recompute_of(size_t i) const {
+    return policy_.recompute_blocks < 0 || static_cast<int64_t>(i) < policy_.recompute_blocks ? policy_.recompute
+                                                                                              : Recompute::kNone;
   }
   const Tensor& block_output(size_t i) const;  // of the current slot: res3, or res2 without the MLP half
   void block_forward(int b, const Tensor& x);

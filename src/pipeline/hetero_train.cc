@@ -287,11 +287,14 @@ void RankTraining::build_stage() {
     const ChunkLayers& v = virtual_stages_[static_cast<size_t>(vs)];
     const GptRange range{v.embedding, v.first_layer,   v.first_layer + v.layers,
                          v.head,      v.starts_at_mlp, v.ends_at_attention};
-    // The plan's recomputation, and activations for as many micro-batches as the schedule keeps in flight here.
-    runners_.push_back(std::make_unique<StageRunner>(
-        c_.model, *device_, range, layout_, comms_, rows_, T_,
-        OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
-        ActivationPolicy{group.recompute, max_in_flight(schedule_, place_.stage, vs), c_.precision}, c));
+    // The plan's recomputation (on the first recompute_blocks blocks: a plan of one chunk, check_plan), and
+    // activations for as many micro-batches as the schedule keeps in flight here.
+    runners_.push_back(
+        std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
+                                      OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
+                                      ActivationPolicy{group.recompute, max_in_flight(schedule_, place_.stage, vs),
+                                                       c_.precision, group.recompute_blocks},
+                                      c));
     runners_.back()->model().init(c_.seed);
     chunks_.push_back(runners_.back().get());
   }
@@ -445,6 +448,7 @@ StageMemory RankTraining::predicted_memory(int rank) const {
                              .tp_rank = p.t,
                              .optimizer_shards = run_.zero1 ? s.dp : 1,
                              .recompute = s.group_of(p.replica).recompute,
+                             .recompute_blocks = s.group_of(p.replica).recompute_blocks,
                              .in_flight = chunk_in_flight.front(),
                              .bytes = ElementBytes::of(c_.precision)},
                             chunk_in_flight)});

@@ -114,7 +114,7 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
   s.layout.chunks = int_field(root, "chunks", 1);
   const std::vector<ConfigNode> stages = root.at("stages").items();
   for (const ConfigNode& n : stages) {
-    n.allow_only({"chip", "tp", "dp", "mix", "layers", "recompute"});
+    n.allow_only({"chip", "tp", "dp", "mix", "layers", "recompute", "recompute_blocks"});
     const auto chip_of = [&](const ConfigNode& node) {
       const std::string chip = node.get<std::string>("chip");
       const int index = c.cluster().chip_index(chip);
@@ -151,6 +151,12 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
       if (!r) n.at("recompute").fail("must be none, selective or full");
     }
     s.recompute.push_back(r);
+    s.recompute_blocks.push_back(-1);
+    if (n.has("recompute_blocks")) {
+      if (!r || *r == Recompute::kNone) n.at("recompute_blocks").fail("needs recompute: selective or full");
+      if (s.layout.chunks > 1) n.at("recompute_blocks").fail("is for stages of one chunk, not interleaved");
+      s.recompute_blocks.back() = int_field(n, "recompute_blocks", 1);
+    }
   }
   if (!s.halves) {
     for (int& layers : s.layers) layers /= 2;
@@ -219,6 +225,7 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
     s.layers.push_back(plan.stages[i].halves());
     s.halves = s.halves || plan.stages[i].starts_at_mlp || plan.stages[i].ends_at_attention;
     s.recompute.push_back(plan.stages[i].recompute);
+    s.recompute_blocks.push_back(plan.stages[i].recompute_blocks);
   }
   if (!s.halves) {
     for (size_t i = 0; i < plan.stages.size(); ++i) s.layers[i] = plan.stages[i].layers;
@@ -232,9 +239,10 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
 
 Plan cost_layout(const CostModel& c, const LayoutSpec& s) {
   FitFailure failure;
-  std::optional<Plan> plan =
-      score_split(c, s.layout, s.layers, &failure,
-                  ScoreOptions{.recompute = s.recompute, .require_fit = false, .halves = s.halves});
+  std::optional<Plan> plan = score_split(
+      c, s.layout, s.layers, &failure,
+      ScoreOptions{
+          .recompute = s.recompute, .recompute_blocks = s.recompute_blocks, .require_fit = false, .halves = s.halves});
   H2_CHECK(plan.has_value()) << "a plan is scored whether or not it fits";
   score_by_replay(c, *plan);
   plan->why = "costed as given (--layout)";

@@ -10,6 +10,7 @@
 //   stages:              # in pipeline order: the first holds the embedding, the last the head
 //     - {chip: A100, tp: 8, layers: 12, recompute: full}   # dp: the stage's replicas (default: the top dp)
 //     - {chip: H100, tp: 8, layers: 20}                   # recompute: absent = the fastest allowed that fits
+//     - {chip: A100, tp: 8, layers: 12, recompute: full, recompute_blocks: 3}  # full on its first 3 blocks only
 //   layers may end in .5 (1f1b and gpipe): the stages then meet inside a block, one ending after its attention half
 //   and the next starting at its MLP half — {layers: 1.5} then {layers: 2.5} split block 1 between them.
 #pragma once
@@ -28,6 +29,7 @@ struct LayoutSpec {
   std::vector<int> layers;  // per stage; half-blocks with `halves`
   bool halves = false;      // a stage boundary inside a block (ScoreOptions::halves): the layers are half-blocks
   std::vector<std::optional<Recompute>> recompute;  // per stage
+  std::vector<int64_t> recompute_blocks;            // per stage: on its first this many blocks; -1: all
 };
 
 // Reads and checks a layout against the cluster (chip types, devices enough for every stage, TP within a node),

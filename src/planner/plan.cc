@@ -173,10 +173,12 @@ std::string Plan::to_json() const {
     visit_stage(s, Writer{st});
     if (s.starts_at_mlp) st["starts_at_mlp"] = true;
     if (s.ends_at_attention) st["ends_at_attention"] = true;
+    if (s.recompute_blocks >= 0) st["recompute_blocks"] = s.recompute_blocks;
     st["memory_headroom"] = s.capacity_bytes > 0 ? 1.0 - s.memory_bytes / s.capacity_bytes : 0.0;  // derived
     for (const ReplicaGroup& g : s.groups) {
       nlohmann::ordered_json gj;
       visit_group(g, Writer{gj});
+      if (g.recompute_blocks >= 0) gj["recompute_blocks"] = g.recompute_blocks;
       st["groups"].push_back(gj);
     }
     stages_json.push_back(st);
@@ -200,7 +202,7 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
   top("format", format);
   if (format != "h2-plan") throw Error(ErrorCode::kConfig, cat(source, ": not an H2 plan (format is not h2-plan)"));
   top("version", p.version);
-  if (p.version != kPlanVersion && p.version != 4 && p.version != 3) {
+  if (p.version > kPlanVersion || p.version < 3) {
     throw Error(ErrorCode::kConfig,
                 cat(source, ": plan version ", p.version, "; this build reads version ", kPlanVersion));
   }
@@ -224,6 +226,7 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
     // Written only when set (a plan of whole blocks reads the same as before version 5).
     if (stages[i].contains("starts_at_mlp")) stage("starts_at_mlp", st.starts_at_mlp);
     if (stages[i].contains("ends_at_attention")) stage("ends_at_attention", st.ends_at_attention);
+    if (stages[i].contains("recompute_blocks")) stage("recompute_blocks", st.recompute_blocks);  // version 6
     if (stages[i].contains("groups")) {
       const nlohmann::json& groups = stages[i].at("groups");
       if (!groups.is_array()) Reader{stages[i], source, where}.fail("groups", "expected a list");
@@ -232,6 +235,9 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
           Reader{stages[i], source, where}.fail(cat("groups[", k, "]").c_str(), "expected an object");
         ReplicaGroup g;
         visit_group(g, Reader{groups[k], source, cat(where, "groups[", k, "].")});
+        if (groups[k].contains("recompute_blocks")) {
+          Reader{groups[k], source, cat(where, "groups[", k, "].")}("recompute_blocks", g.recompute_blocks);
+        }
         st.groups.push_back(g);
       }
     }
@@ -242,6 +248,10 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
   return p;
 }
 
+std::string recompute_label(Recompute r, int blocks) {
+  return blocks < 0 ? recompute_name(r) : cat(recompute_name(r), ":", blocks);
+}
+
 std::vector<ReplicaGroup> StagePlan::replica_groups() const {
   if (!groups.empty()) return groups;
   return {ReplicaGroup{.chip = chip,
@@ -249,6 +259,7 @@ std::vector<ReplicaGroup> StagePlan::replica_groups() const {
                        .replicas = dp,
                        .rows = 0,
                        .recompute = recompute,
+                       .recompute_blocks = recompute_blocks,
                        .forward_s = forward_s,
                        .backward_s = backward_s,
                        .memory_bytes = memory_bytes,
@@ -295,6 +306,22 @@ StepEnd end_of_step(const Plan& plan, const std::vector<double>& finish) {
   return e;
 }
 
+namespace {
+
+// A stage's (or group's) recomputation of its first blocks: -1 (all), or 1 to fewer than its blocks, with a
+// recomputation to apply.
+template <typename Fail>
+void check_recompute_blocks(Recompute r, int blocks, int layers, const std::string& where, const Fail& fail) {
+  if (blocks == -1) return;
+  if (r == Recompute::kNone) fail(where + "recompute_blocks", cat(blocks, " blocks recompute, but recompute is none"));
+  if (blocks < 1 || blocks >= layers) {
+    fail(where + "recompute_blocks",
+         cat("must be -1 (all) or 1..", layers - 1, " of the stage's ", layers, " blocks, got ", blocks));
+  }
+}
+
+}  // namespace
+
 void check_plan(const Plan& p, const std::string& source) {
   const auto fail = [&](const std::string& field, const std::string& what) {
     throw Error(ErrorCode::kConfig, cat(source, ": field '", field, "': ", what));
@@ -331,6 +358,7 @@ void check_plan(const Plan& p, const std::string& source) {
       for (auto [v, name] : {std::pair{g.forward_s, "forward_s"}, {g.backward_s, "backward_s"}}) {
         if (!(v >= 0 && v <= 1e6)) fail(at + name, cat("must be in [0, 1e6], got ", v));
       }
+      check_recompute_blocks(g.recompute, g.recompute_blocks, s.layers, at, fail);
       replicas += g.replicas;
       shared += int64_t{g.replicas} * g.rows;
     }
@@ -347,6 +375,10 @@ void check_plan(const Plan& p, const std::string& source) {
     }
     if ((s.starts_at_mlp || s.ends_at_attention) && s.halves() < 1) {
       fail(where + "layers", cat(s.layers, " layers from an MLP half to an attention half hold no half-block"));
+    }
+    check_recompute_blocks(s.recompute, s.recompute_blocks, s.layers, where, fail);
+    if (s.recompute_blocks >= 0 && p.chunks > 1) {
+      fail(where + "recompute_blocks", "recomputing only some blocks is for stages of one chunk, not interleaved");
     }
     if (s.starts_at_mlp && s.embedding) fail(where + "starts_at_mlp", "the embedding's stage starts at a whole block");
     if (s.ends_at_attention && s.head) fail(where + "ends_at_attention", "the head's stage ends with a whole block");

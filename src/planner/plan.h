@@ -10,9 +10,9 @@
 
 namespace h2 {
 
-// 5: stage boundaries inside blocks (starts_at_mlp, ends_at_attention); 4: stages whose replicas mix chip types
-// (groups); 3 and 4 still load.
-inline constexpr int kPlanVersion = 5;
+// 6: recomputation of a stage's first blocks only (recompute_blocks); 5: stage boundaries inside blocks
+// (starts_at_mlp, ends_at_attention); 4: stages whose replicas mix chip types (groups); 3 to 5 still load.
+inline constexpr int kPlanVersion = 6;
 
 // The replicas of one chip type in a stage whose replicas are of several types: each takes `rows` sequences of a
 // micro-batch (uneven shares, in proportion to the chips' speed), so the stage's replicas finish together.
@@ -22,6 +22,7 @@ struct ReplicaGroup {
   int replicas = 1;
   int rows = 1;
   Recompute recompute = Recompute::kNone;  // its own: the fastest under which the stage's layers fit on its chip
+  int recompute_blocks = -1;               // on its first this many blocks (a half counting as one); -1: all
   // Predictions for one replica of the group: seconds per micro-batch, bytes per device.
   double forward_s = 0, backward_s = 0;
   double memory_bytes = 0, capacity_bytes = 0;
@@ -41,6 +42,9 @@ struct StagePlan {
   bool embedding = false;  // holds the token/position embedding (first stage)
   bool head = false;       // holds the final LayerNorm, output head and loss (last stage)
   Recompute recompute = Recompute::kNone;
+  // Only the first this many of its blocks (a half counting as one) recompute, the rest keep every activation
+  // (Megatron-LM's --recompute-method block); -1: all of them.
+  int recompute_blocks = -1;
   int in_flight = 1;  // micro-batches whose activations it holds at once under 1F1B
   // Predictions, seconds per micro-batch unless noted.
   double forward_s = 0, backward_s = 0;
@@ -69,6 +73,9 @@ struct StagePlan {
   ReplicaGroup group_of(int replica) const;  // the entry of replica_groups() that replica `replica` belongs to
   std::vector<int> replica_rows() const;     // per replica, its sequences; empty without groups
 };
+
+// A recomputation as plan tables print it: "full", or "full:2" on only the first 2 blocks.
+std::string recompute_label(Recompute r, int blocks);
 
 struct Plan {
   int version = kPlanVersion;

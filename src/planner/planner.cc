@@ -26,7 +26,15 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 struct Pieces {
   int64_t whole = 0, attention = 0, mlp = 0;
   int64_t blocks() const { return whole + attention + mlp; }
+  Pieces operator-(const Pieces& o) const { return {whole - o.whole, attention - o.attention, mlp - o.mlp}; }
 };
+// The first `redo` of q's blocks in the order a stage holds them (its MLP half, whole blocks, its attention half),
+// as model/costs.h's recompute_blocks counts them; -1: all.
+Pieces recomputed(const Pieces& q, int64_t redo) {
+  if (redo < 0 || redo >= q.blocks()) return q;
+  const int64_t mlp = std::min(redo, q.mlp);
+  return {std::min(redo - mlp, q.whole), 0, mlp};
+}
 Pieces pieces(int64_t first, int64_t end) {
   if (end <= first) return {};
   const int64_t mlp = first % 2, attention = end - first - mlp > 0 ? end % 2 : 0;
@@ -48,6 +56,7 @@ struct StageTerms {
   double fixed_bytes[3];      // by Recompute
   double per_layer_bytes[3];  // by Recompute: a layer's state and its activations for every micro-batch in flight
   double state_layer_bytes;   // a layer's weights, gradients and optimizer state
+  int64_t caps[3];            // by Recompute: the layers that fit (cap), from the two above
   // A lone half of a block (a stage boundary inside it), the same way; its bytes only with one chunk, once asked
   // (fill_half_memory).
   double fwd_attention_s, fwd_mlp_s, bwd_attention_s[3], bwd_mlp_s[3];
@@ -68,31 +77,102 @@ struct StageTerms {
       for (const StageTerms& s : shares) least = std::min(least, s.cap(r));
       return least;
     }
-    const int i = static_cast<int>(r);
-    return static_cast<int64_t>(std::floor((usable_bytes - fixed_bytes[i] - kRoundingBytes) / per_layer_bytes[i]));
+    return caps[static_cast<int>(r)];
   }
   double layer_s(Recompute r) const {
     double slowest = fwd_layer_s + bwd_layer_s[static_cast<int>(r)];
     for (const StageTerms& s : shares) slowest = std::max(slowest, s.layer_s(r));
     return slowest;
   }
-  // Forward and backward of the blocks in `q` on one replica of this chip type (not its shares).
+  // Forward and backward of the blocks in `q` on one replica of this chip type (not its shares); the first `redo` of
+  // them (recomputed(); -1: all) under r, the rest under none.
   double forward_s(const Pieces& q) const {
     return static_cast<double>(q.whole) * fwd_layer_s + static_cast<double>(q.attention) * fwd_attention_s +
            static_cast<double>(q.mlp) * fwd_mlp_s;
   }
-  double backward_s(const Pieces& q, Recompute r) const {
-    const int i = static_cast<int>(r);
-    return static_cast<double>(q.whole) * bwd_layer_s[i] + static_cast<double>(q.attention) * bwd_attention_s[i] +
-           static_cast<double>(q.mlp) * bwd_mlp_s[i];
+  double backward_s(const Pieces& q, Recompute r, int64_t redo = -1) const {
+    const auto sum = [&](const Pieces& part, int i) {
+      return static_cast<double>(part.whole) * bwd_layer_s[i] +
+             static_cast<double>(part.attention) * bwd_attention_s[i] + static_cast<double>(part.mlp) * bwd_mlp_s[i];
+    };
+    const Pieces redone = recomputed(q, redo);
+    return sum(redone, static_cast<int>(r)) + sum(q - redone, 0);
   }
-  // Whether the blocks in `q` fit on this chip type with recomputation r.
-  bool fits(const Pieces& q, Recompute r) const {
+  // Bytes per device of the blocks in `q` on this chip type, the first `redo` recomputing under r, the rest none.
+  double bytes(const Pieces& q, Recompute r, int64_t redo = -1) const {
+    const auto sum = [&](const Pieces& part, int i) {
+      return static_cast<double>(part.whole) * per_layer_bytes[i] +
+             static_cast<double>(part.attention) * attention_bytes[i] + static_cast<double>(part.mlp) * mlp_bytes[i];
+    };
+    const Pieces redone = recomputed(q, redo);
+    return fixed_bytes[redone.blocks() > 0 ? static_cast<int>(r) : 0] + sum(redone, static_cast<int>(r)) +
+           sum(q - redone, 0) + kRoundingBytes;
+  }
+  bool fits(const Pieces& q, Recompute r, int64_t redo = -1) const { return bytes(q, r, redo) <= usable_bytes; }
+  // The fewest of q's first blocks that must recompute under r for q to fit on this chip type; -1: not even all.
+  int64_t least_redo(const Pieces& q, Recompute r) const {
+    if (fits(q, Recompute::kNone)) return 0;
+    if (!fits(q, r)) return -1;
     const int i = static_cast<int>(r);
-    return fixed_bytes[i] + static_cast<double>(q.whole) * per_layer_bytes[i] +
-               static_cast<double>(q.attention) * attention_bytes[i] + static_cast<double>(q.mlp) * mlp_bytes[i] +
-               kRoundingBytes <=
-           usable_bytes;
+    // Each recomputed block saves its activations; the shared buffer counts from the first. In order: the MLP half,
+    // the whole blocks, the attention half.
+    double over = bytes(q, r, 0) - fixed_bytes[0] + fixed_bytes[i] - usable_bytes;
+    int64_t j = 0;
+    if (q.mlp > 0) {
+      over -= mlp_bytes[0] - mlp_bytes[i];
+      j = 1;
+    }
+    const double save = per_layer_bytes[0] - per_layer_bytes[i];
+    if (over > 0 && q.whole > 0 && save > 0) j += std::min(q.whole, static_cast<int64_t>(std::ceil(over / save)));
+    while (!fits(q, r, j)) ++j;  // rounding: at most a block or two more, and all of them fit
+    return j;
+  }
+  // The most whole blocks within `bound` seconds and memory, the first of them recomputing under r as few as fit, the
+  // rest none. With j of n recomputed, memory is fixed[r] + j per_layer[r] + (n - j) per_layer[none], so the fewest
+  // that fit are j(n) = ceil((fixed[r] + n per_layer[none] - room) / saved), and the time n (f + b[none]) + j(n)
+  // (b[r] - b[none]) is affine in n but for the ceiling: solved for n, then stepped down to the exact fit.
+  int64_t most_blocks_partial(Recompute r, double bound) const {
+    const int i = static_cast<int>(r);
+    const double room = usable_bytes - kRoundingBytes, saved = per_layer_bytes[0] - per_layer_bytes[i];
+    const double time = bound - extra_fwd_s - extra_bwd_s + 1e-9 * (fwd_layer_s + bwd_layer_s[0]);
+    const double extra = bwd_layer_s[i] - bwd_layer_s[0];  // a recomputed block's extra time
+    if (saved <= 0 || time <= 0) return 0;
+    const auto least = [&](int64_t n) {  // recomputed blocks of n for memory (may exceed n: not even all fit)
+      return std::max<int64_t>(
+          0, static_cast<int64_t>(
+                 std::ceil((fixed_bytes[i] + static_cast<double>(n) * per_layer_bytes[0] - room) / saved - 1e-12)));
+    };
+    const auto within = [&](int64_t n) {
+      const int64_t j = least(n);
+      return j <= n && static_cast<double>(n) * (fwd_layer_s + bwd_layer_s[0]) + static_cast<double>(j) * extra <= time;
+    };
+    const double a = per_layer_bytes[0] / saved, b = (fixed_bytes[i] - room) / saved;
+    int64_t n = std::min(
+        cap(r), static_cast<int64_t>(std::floor((time - b * extra) / (fwd_layer_s + bwd_layer_s[0] + a * extra))) + 1);
+    while (n > 0 && !within(n)) --n;
+    return std::max<int64_t>(n, 0);
+  }
+  // The most half-blocks from `first` (at most `limit`) within `bound` seconds and memory, the first of them
+  // recomputing under r as few as fit, the rest none; at least `least`, which recomputing all of them under r takes.
+  int64_t most_halves_partial(Recompute r, double bound, int64_t first, int64_t limit, int64_t least) const {
+    const double room = bound - extra_fwd_s - extra_bwd_s + 1e-9 * (fwd_layer_s + bwd_layer_s[0]);
+    const auto within = [&](int64_t k) {
+      const Pieces q = pieces(first, first + k);
+      const int64_t j = least_redo(q, r);
+      return j >= 0 && forward_s(q) + backward_s(q, r, j) <= room;
+    };
+    int64_t lo = least, hi = limit;  // within(lo), and nothing past hi
+    if (room < 0 || lo >= hi || !within(lo + 1)) return lo;
+    ++lo;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (within(mid)) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
   }
   // The most half-blocks from half-block `first` (at most `limit`) within `bound` seconds and memory under r, on one
   // chip type: its MLP half if `first` is one, whole blocks, then an attention half; the blocks in order.
@@ -161,6 +241,8 @@ void fill_memory(const CostModel& c, StageTerms& t) {
     t.per_layer_bytes[k] = (two.total() - one.total()) / v;
     t.fixed_bytes[k] = one.total() - v * t.per_layer_bytes[k];
     t.state_layer_bytes = (two.state() - one.state()) / v;
+    t.caps[k] = static_cast<int64_t>(
+        std::floor((t.usable_bytes - t.fixed_bytes[k] - StageTerms::kRoundingBytes) / t.per_layer_bytes[k]));
   }
   StageMemorySpec empty = t.spec;
   empty.layers = 0;
@@ -281,6 +363,45 @@ std::vector<Recompute> allowed(const CostModel& c) {
   return r;
 }
 
+// The recomputations a stage may apply to only its first blocks (the rest none): the allowed ones but none, when none
+// is allowed too and the setup does not forbid it. For stages of one chunk (partial_on).
+std::vector<Recompute> partial(const CostModel& c) {
+  std::vector<Recompute> r = allowed(c);
+  if (!c.train().partial_recompute || r.front() != Recompute::kNone) return {};
+  r.erase(r.begin());
+  return r;
+}
+std::span<const Recompute> partial_on(const std::vector<Recompute>& partial, const StageTerms& t) {
+  return t.chunk_in_flight.empty() ? std::span<const Recompute>(partial) : std::span<const Recompute>();
+}
+
+// A stage's recomputation on one chip type: r on its first `blocks` (-1: all of them).
+struct RecomputeChoice {
+  Recompute r = Recompute::kNone;
+  int64_t blocks = -1;
+};
+
+// The fastest recomputation under which the blocks in q fit on chip type t: each allowed one on all of them, or on as
+// few of the first as fit (partial); nullopt when none fits.
+std::optional<RecomputeChoice> fastest_fit(const std::vector<Recompute>& choices,
+                                           const std::vector<Recompute>& partials, const StageTerms& t,
+                                           const Pieces& q) {
+  std::optional<RecomputeChoice> best;
+  double best_s = kInf;
+  for (Recompute r : choices) {
+    if (!t.fits(q, r) || t.backward_s(q, r) >= best_s) continue;
+    if (r == Recompute::kNone) return RecomputeChoice{r, -1};  // the fastest of all
+    best = RecomputeChoice{r, -1}, best_s = t.backward_s(q, r);
+  }
+  for (Recompute r : partial_on(partials, t)) {
+    const int64_t j = t.least_redo(q, r);
+    if (j > 0 && j < q.blocks() && t.backward_s(q, r, j) < best_s) {
+      best = RecomputeChoice{r, j}, best_s = t.backward_s(q, r, j);
+    }
+  }
+  return best;
+}
+
 std::string describe_stage(const CostModel& c, int i, const StageTerms& t) {
   return cat("stage ", i, " (", c.cluster().chips[static_cast<size_t>(t.chip)].name, ", TP ", t.tp, ")");
 }
@@ -302,7 +423,7 @@ namespace {
 // score_split with the layout's stage terms (the search computes them once for the split and the scoring).
 std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const std::vector<StageTerms>& terms,
                                 const std::vector<int>& layers, FitFailure* failure, const ScoreOptions& options) {
-  const std::vector<Recompute> choices = allowed(c);
+  const std::vector<Recompute> choices = allowed(c), partials = partial(c);
   const int p = static_cast<int>(terms.size());
   const int b = layout.micro_batch, v = layout.chunks;
   const int m = static_cast<int>(c.train().global_batch / (layout.dp * b));
@@ -327,16 +448,20 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
     const Pieces q = options.halves ? pieces(first, first + n) : Pieces{.whole = n};
     H2_CHECK(!options.halves || t.attention_bytes[0] > 0) << "half-blocks scored without fill_half_memory";
     // Per chip type of the stage: the given recomputation, else the fastest under which n layers fit on it.
-    std::optional<Recompute> given;
-    if (!options.recompute.empty()) given = options.recompute[static_cast<size_t>(i)];
+    std::optional<RecomputeChoice> given;
+    if (!options.recompute.empty() && options.recompute[static_cast<size_t>(i)]) {
+      // As the plan holds it: recomputing on 0 blocks is none, on all of them (or more) -1.
+      given = RecomputeChoice{*options.recompute[static_cast<size_t>(i)],
+                              options.recompute_blocks.empty() ? -1 : options.recompute_blocks[static_cast<size_t>(i)]};
+      if (given->blocks == 0) given->r = Recompute::kNone;
+      if (given->r == Recompute::kNone || given->blocks >= q.blocks()) given->blocks = -1;
+    }
     bool found = true;  // a recomputation was given, or one fits on every chip type of the stage
     const auto recompute_of = [&](const StageTerms& share) {
       if (given) return *given;
-      for (Recompute r : choices) {
-        if (options.halves ? share.fits(q, r) : n <= share.cap(r)) return r;
-      }
+      if (const std::optional<RecomputeChoice> r = fastest_fit(choices, partials, share, q)) return *r;
       found = false;
-      return choices.back();
+      return RecomputeChoice{choices.back(), -1};
     };
     StagePlan st;
     st.tp = t.tp;
@@ -362,28 +487,31 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
                         (t.head ? (t.embedding ? 2 : 3) : 0);
     double slowest = -1, headroom = kInf;
     for (const StageTerms& share : t.members()) {
-      const Recompute recompute = recompute_of(share);
+      const auto [recompute, redo] = recompute_of(share);
       StageMemorySpec spec = share.spec;
       spec.layers = q.blocks();
       spec.starts_at_mlp = st.starts_at_mlp;
       spec.ends_at_attention = st.ends_at_attention;
       spec.recompute = recompute;
+      spec.recompute_blocks = redo;
       const StageMemory memory = c.stage_memory(spec, share.chunk_in_flight);
       const double total = memory.total();
       if (total > share.usable_bytes && failure != nullptr) {
         failure->shortfall_bytes = total - share.usable_bytes;
         failure->what =
             cat(describe_stage(c, i, share), " with ", format("%g", options.halves ? n / 2.0 : n), " layers needs ",
-                format_bytes(total), " per device with ", recompute_name(recompute), " recomputation; it has ",
-                format_bytes(share.usable_bytes), " usable (short by ", format_bytes(failure->shortfall_bytes), ")");
+                format_bytes(total), " per device with ", recompute_label(recompute, static_cast<int>(redo)),
+                " recomputation; it has ", format_bytes(share.usable_bytes), " usable (short by ",
+                format_bytes(failure->shortfall_bytes), ")");
       }
       ReplicaGroup g{.chip = c.cluster().chips[static_cast<size_t>(share.chip)].name,
                      .chip_index = share.chip,
                      .replicas = share.replicas,
                      .rows = share.rows,
                      .recompute = recompute,
+                     .recompute_blocks = static_cast<int>(redo),
                      .forward_s = share.forward_s(q) + share.extra_fwd_s,
-                     .backward_s = share.backward_s(q, recompute) + share.extra_bwd_s,
+                     .backward_s = share.backward_s(q, recompute, redo) + share.extra_bwd_s,
                      .memory_bytes = total,
                      .capacity_bytes = share.usable_bytes};
       st.forward_s = std::max(st.forward_s, g.forward_s);
@@ -393,6 +521,7 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
         st.chip = g.chip;
         st.chip_index = g.chip_index;
         st.recompute = recompute;
+        st.recompute_blocks = g.recompute_blocks;
       }
       if (1.0 - total / share.usable_bytes < headroom) {
         headroom = 1.0 - total / share.usable_bytes;
@@ -511,9 +640,10 @@ void set_step(const CostModel& c, Plan& plan, const std::vector<double>& finish,
         cat(not_fit, "the link after stage ", sender, ": ", plan.stages[static_cast<size_t>(sender)].send_s * 1e3,
             " ms per micro-batch exceeds every stage's compute");
   } else {
-    plan.limited_by = cat(not_fit, "compute of stage ", slowest, " (", sl.chip, ", TP ", sl.tp, ", ",
-                          format("%g", sl.halves() / 2.0), " layers, ", recompute_name(sl.recompute),
-                          " recomputation): ", (sl.forward_s + sl.backward_s) * 1e3, " ms per micro-batch");
+    plan.limited_by =
+        cat(not_fit, "compute of stage ", slowest, " (", sl.chip, ", TP ", sl.tp, ", ", format("%g", sl.halves() / 2.0),
+            " layers, ", recompute_label(sl.recompute, sl.recompute_blocks),
+            " recomputation): ", (sl.forward_s + sl.backward_s) * 1e3, " ms per micro-batch");
   }
   double tightest = 1.0;
   int tight = 0;
@@ -543,7 +673,7 @@ struct Split {
 // n_i(B) = max over recomputation r of min(cap_i(r), floor((B - extra_i) / layer_i(r))) layers.
 std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, const std::vector<StageTerms>& terms,
                                     FitFailure* failure) {
-  const std::vector<Recompute> choices = allowed(c);
+  const std::vector<Recompute> choices = allowed(c), partials = partial(c);
   const int64_t L = c.model().layers;
   const int p = static_cast<int>(terms.size());
   // Every stage must hold at least one layer (interleaved: one per chunk); a vocabulary-only stage none.
@@ -560,11 +690,17 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, co
   // The layers stage i takes within `bound`: -1 when its own extra work (embedding, head) alone exceeds it.
   // On one chip type: the most layers within `bound` under its best recomputation.
   auto take_on = [&](const StageTerms& t, double bound) {
-    int64_t best = 0;
+    int64_t best = 0, most = 0;  // most: within the bound without recomputation, memory aside
     for (Recompute r : choices) {
       const int64_t by_time =
           static_cast<int64_t>(std::floor((bound - t.extra_fwd_s - t.extra_bwd_s) / t.layer_s(r) + 1e-9));
+      if (r == Recompute::kNone) most = by_time;
       best = std::max(best, std::min(t.cap(r), by_time));
+    }
+    // Recomputing only the first blocks: at most what none takes in time and r in memory, so worth asking only
+    // when that is more than the best so far.
+    for (Recompute r : partial_on(partials, t)) {
+      if (std::min(t.cap(r), most) > best) best = std::max(best, t.most_blocks_partial(r, bound));
     }
     return best;
   };
@@ -642,7 +778,7 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, co
 // in whole layers (its bottleneck bounds B from above); without a better one, nullopt.
 std::optional<Split> balanced_half_split(const CostModel& c, const Layout& layout, const std::vector<StageTerms>& terms,
                                          const Split& whole) {
-  const std::vector<Recompute> choices = allowed(c);
+  const std::vector<Recompute> choices = allowed(c), partials = partial(c);
   const int64_t H = 2 * c.model().layers;
   const int p = static_cast<int>(terms.size());
   // The most half-blocks stage i takes from half-block `first` within `bound`, each chip type of its replicas under
@@ -656,6 +792,9 @@ std::optional<Split> balanced_half_split(const CostModel& c, const Layout& layou
     for (const StageTerms& share : t.members()) {
       int64_t most = 0;
       for (Recompute r : choices) most = std::max(most, share.most_halves(r, bound, first, H - first));
+      for (Recompute r : partial_on(partials, share)) {
+        most = std::max(most, share.most_halves_partial(r, bound, first, H - first, most));
+      }
       n = std::min(n, most);
     }
     return n;

@@ -13,7 +13,7 @@ std::string format_plan(const Plan& p) {
       format("plan: model '%s' on cluster '%s': %d pipeline(s) x %zu stages, micro-batch %d x %d per pipeline, %s%s\n",
              p.model.c_str(), p.cluster.c_str(), p.dp, p.stages.size(), p.micro_batch, p.num_micro_batches,
              schedule_name(p.schedule), p.chunks > 1 ? format(" (%d chunks per stage)", p.chunks).c_str() : "");
-  out += format("%5s %-6s %3s %4s %-14s %-9s %6s %10s %10s %9s %11s %8s\n", "stage", "chip", "tp", "dp", "layers",
+  out += format("%5s %-6s %3s %4s %-14s %-11s %6s %10s %10s %9s %11s %8s\n", "stage", "chip", "tp", "dp", "layers",
                 "recompute", "flight", "fwd ms", "bwd ms", "send ms", "mem/device", "headroom");
   for (size_t i = 0; i < p.stages.size(); ++i) {
     const StagePlan& s = p.stages[i];
@@ -24,15 +24,15 @@ std::string format_plan(const Plan& p) {
                                       : s.embedding         ? "+E"
                                       : s.head              ? "+H"
                                                             : "");
-    out +=
-        format("%5zu %-6s %3d %4d %-14s %-9s %6d %10.3f %10.3f %9.3f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
-               layers.c_str(), recompute_name(s.recompute), s.in_flight, s.forward_s * 1e3, s.backward_s * 1e3,
-               s.send_s * 1e3, format_bytes(s.memory_bytes).c_str(), 100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
+    out += format("%5zu %-6s %3d %4d %-14s %-11s %6d %10.3f %10.3f %9.3f %11s %7.0f%%\n", i, s.chip.c_str(), s.tp, s.dp,
+                  layers.c_str(), recompute_label(s.recompute, s.recompute_blocks).c_str(), s.in_flight,
+                  s.forward_s * 1e3, s.backward_s * 1e3, s.send_s * 1e3, format_bytes(s.memory_bytes).c_str(),
+                  100.0 * (1.0 - s.memory_bytes / s.capacity_bytes));
     for (const ReplicaGroup& g : s.groups) {  // replicas of several chip types, with uneven shares
-      out += format("%5s %-6s %3s %4d %-14s %-9s %6s %10.3f %10.3f %9s %11s %7.0f%%\n", "", g.chip.c_str(), "",
-                    g.replicas, format("%d rows each", g.rows).c_str(), recompute_name(g.recompute), "",
-                    g.forward_s * 1e3, g.backward_s * 1e3, "", format_bytes(g.memory_bytes).c_str(),
-                    100.0 * (1.0 - g.memory_bytes / g.capacity_bytes));
+      out += format("%5s %-6s %3s %4d %-14s %-11s %6s %10.3f %10.3f %9s %11s %7.0f%%\n", "", g.chip.c_str(), "",
+                    g.replicas, format("%d rows each", g.rows).c_str(),
+                    recompute_label(g.recompute, g.recompute_blocks).c_str(), "", g.forward_s * 1e3, g.backward_s * 1e3,
+                    "", format_bytes(g.memory_bytes).c_str(), 100.0 * (1.0 - g.memory_bytes / g.capacity_bytes));
     }
   }
   out += format("predicted: step %s | %.0f tokens/s | MFU %.1f%% | bubble %.1f%% | devices %d of %d%s\n",

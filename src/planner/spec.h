@@ -180,6 +180,9 @@ struct TrainSetup {
   // (ElementBytes::mixed_bf16). h2 train --cluster sets it; f32 is the same either way.
   bool h2_runtime = false;
   std::vector<Recompute> allowed_recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  // A stage may recompute only its first blocks and keep the rest (Megatron-LM's --recompute-method block), when
+  // none and a recomputation are both allowed.
+  bool partial_recompute = true;
   bool zero1 = true;  // shard the fp32 master weights and Adam moments across data-parallel ranks
   std::vector<int> micro_batches = {1, 2, 4, 8};  // micro-batch sizes the search may use
   int max_tp = 0;                                 // the largest tensor-parallel degree allowed; 0 = any

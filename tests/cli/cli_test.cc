@@ -424,8 +424,9 @@ TEST_F(ClusterTraining, ALargeTiedEmbeddingIsSummedAfterThePipelinesSends) {
 // Two stages that meet inside a block: the planner's plan (0-2 on the fast chip with the embedding, 3 and the head on
 // the slow one) with block 2's MLP half moved to the second stage (0-2a and 2m-3) trains as one device does (the
 // held-out loss of the single-device run, the reference), and each rank's memory, term by term, is what costs.h
-// counts for its halves, to the byte.
-TEST_F(ClusterTraining, StagesThatMeetInsideABlockTrainAsOneDeviceDoes) {
+// counts for its halves, to the byte. Each stage also recomputes only its first block in full (block 0; block 2's
+// MLP half), keeping the others' activations.
+TEST_F(ClusterTraining, StagesThatMeetInsideABlockAndRecomputeSomeBlocksTrainAsOneDeviceDoes) {
   const Result full = run_h2(command() + " --set train.steps=1 --set train.out_dir=" + dir_ + "/planned");
   ASSERT_EQ(full.status, 0) << full.output;
   nlohmann::json plan = nlohmann::json::parse(read_file(dir_ + "/planned/plan.json"));
@@ -437,6 +438,10 @@ TEST_F(ClusterTraining, StagesThatMeetInsideABlockTrainAsOneDeviceDoes) {
   second["first_layer"] = second["first_layer"].get<int>() - 1;
   second["layers"] = second["layers"].get<int>() + 1;
   second["starts_at_mlp"] = true;
+  for (nlohmann::json* stage : {&first, &second}) {
+    (*stage)["recompute"] = "full";
+    (*stage)["recompute_blocks"] = 1;
+  }
   const std::string halves = dir_ + "/halves.json";
   std::ofstream(halves) << plan.dump(2);
   const Result r = run_h2(command() + " --plan " + halves + " --set train.out_dir=" + dir_ + "/halves");

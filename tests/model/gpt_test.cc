@@ -54,10 +54,12 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
       for (auto [slots, precision] :
            {std::pair{1, Precision::kF32}, {3, Precision::kF32}, {1, Precision::kBf16}, {3, Precision::kBf16}}) {
-        for (auto [rank, size] : {std::pair{0, 1}, {0, 2}, {1, 2}}) {
+        for (auto [rank, size, redo] :
+             {std::tuple{0, 1, -1}, {0, 2, -1}, {1, 2, -1}, {0, 1, 0}, {0, 1, 1}, {1, 2, 1}}) {
+          if (r == Recompute::kNone && redo >= 0) continue;
           const size_t before = dev->mem_used_bytes();
           Gpt m(kTiny, *dev, range, B, T, TensorParallel{rank, size, nothing, nothing},
-                ActivationPolicy{r, slots, precision});
+                ActivationPolicy{r, slots, precision, redo});
           const ElementBytes bytes = ElementBytes::of(precision);
           const StageMemory want = stage_memory({.shape = kTiny.shape(),
                                                  .embedding = range.embedding,
@@ -70,6 +72,7 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
                                                  .tp = size,
                                                  .tp_rank = rank,
                                                  .recompute = r,
+                                                 .recompute_blocks = redo,
                                                  .in_flight = slots,
                                                  .bytes = bytes});
           const double model = want.weights + static_cast<double>(m.num_params()) * bytes.master + want.grads +
@@ -86,8 +89,8 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
           EXPECT_DOUBLE_EQ(static_cast<double>(dev->mem_used_bytes() - before), model)
               << "blocks [" << range.first_block << ", " << range.end_block << ")" << (range.embedding ? " +E" : "")
               << (range.starts_at_mlp ? " from MLP" : "") << (range.ends_at_attention ? " to attention" : "")
-              << (range.head ? " +H " : " ") << recompute_name(r) << ", " << slots << " slots, TP rank " << rank
-              << " of " << size << ", " << precision_name(precision);
+              << (range.head ? " +H " : " ") << recompute_name(r) << " on " << redo << ", " << slots
+              << " slots, TP rank " << rank << " of " << size << ", " << precision_name(precision);
         }
       }
     }
@@ -97,19 +100,56 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
             total_params(kTiny.shape()));
 }
 
+// Recomputing only the first blocks of a stage (Megatron-LM's block method): a middle stage's activations are its
+// blocks' sums, so by hand those of a stage of the recomputed blocks alone plus those of a stage of the rest alone,
+// each under its own policy; the shared buffer is the recomputing stage's. The order is the stage's: a first MLP
+// half, whole blocks, a last attention half.
+TEST(Costs, RecomputingTheFirstBlocksCostsThemAsRecomputedAndTheRestAsKept) {
+  const TransformerShape s = GptConfig{4, 2, 8, 11, 6}.shape();
+  const auto mem = [&](int64_t layers, Recompute r, int64_t redo, bool mlp_first = false, bool attention_last = false) {
+    return stage_memory({.shape = s,
+                         .layers = layers,
+                         .starts_at_mlp = mlp_first,
+                         .ends_at_attention = attention_last,
+                         .rows = 2,
+                         .recompute = r,
+                         .recompute_blocks = redo});
+  };
+  for (Recompute r : {Recompute::kSelective, Recompute::kFull}) {
+    // 4 whole blocks, the first 1 recomputed.
+    const StageMemory part = mem(4, r, 1);
+    EXPECT_DOUBLE_EQ(part.activations, mem(1, r, -1).activations + mem(3, Recompute::kNone, -1).activations);
+    EXPECT_DOUBLE_EQ(part.recompute, mem(1, r, -1).recompute);
+    EXPECT_GT(part.recompute, 0);
+    EXPECT_DOUBLE_EQ(part.weights, mem(4, Recompute::kNone, -1).weights);
+    // 0 recomputed is none at all, buffer included; 4 (or more) is every block.
+    EXPECT_DOUBLE_EQ(mem(4, r, 0).total(), mem(4, Recompute::kNone, -1).total());
+    EXPECT_DOUBLE_EQ(mem(4, r, 9).total(), mem(4, r, -1).total());
+    // An MLP half, 2 blocks and an attention half, the first 3 recomputed: the MLP half and both blocks (by hand,
+    // a stage of the MLP half and 2 blocks with an attention half kept).
+    const StageMemory halves = mem(4, r, 3, true, true);
+    EXPECT_DOUBLE_EQ(halves.activations, mem(3, r, -1, true).activations +
+                                             mem(2, Recompute::kNone, -1, true, true).activations -
+                                             mem(1, Recompute::kNone, -1, true).activations);
+  }
+}
+
 // An interleaved stage of 5 blocks in 2 chunks is, by hand, a model of the embedding and blocks 0-1 keeping 3
 // micro-batches in flight and one of blocks 2-4 and the head keeping 2: chunked_stage_memory counts what those two
-// models allocate, in f32 and bf16, with and without recomputation.
+// models allocate, in f32 and bf16, with and without recomputation, and recomputing the stage's first 3 blocks only.
 TEST(Gpt, ChunkedStageMemoryIsWhatItsChunksModelsAllocate) {
   const GptConfig five{.n_layer = 5, .n_head = 2, .n_embd = 8, .vocab_size = 11, .seq_len = 6};
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   const int B = 2, T = 6;
   const int in_flight[] = {3, 2};
   for (Precision precision : {Precision::kF32, Precision::kBf16}) {
-    for (Recompute r : {Recompute::kNone, Recompute::kFull}) {
+    // ... and the stage's first 3 blocks recomputed: the first chunk's 2, the second's first 1.
+    for (auto [r, redo] : {std::pair{Recompute::kNone, -1}, {Recompute::kFull, -1}, {Recompute::kFull, 3}}) {
       const size_t before = dev->mem_used_bytes();
-      Gpt first(five, *dev, GptRange{true, 0, 2, false}, B, T, {}, ActivationPolicy{r, 3, precision});
-      Gpt second(five, *dev, GptRange{false, 2, 5, true}, B, T, {}, ActivationPolicy{r, 2, precision});
+      Gpt first(five, *dev, GptRange{true, 0, 2, false}, B, T, {},
+                ActivationPolicy{r, 3, precision, redo < 0 ? -1 : 2});
+      Gpt second(five, *dev, GptRange{false, 2, 5, true}, B, T, {},
+                 ActivationPolicy{r, 2, precision, redo < 0 ? -1 : redo - 2});
       const ElementBytes bytes = ElementBytes::of(precision);
       const StageMemory m = chunked_stage_memory({.shape = five.shape(),
                                                   .embedding = true,
@@ -118,12 +158,13 @@ TEST(Gpt, ChunkedStageMemoryIsWhatItsChunksModelsAllocate) {
                                                   .rows = B,
                                                   .seq = T,
                                                   .recompute = r,
+                                                  .recompute_blocks = redo,
                                                   .bytes = bytes},
                                                  in_flight);
       const double params = static_cast<double>(first.num_params() + second.num_params());
       EXPECT_DOUBLE_EQ(static_cast<double>(dev->mem_used_bytes() - before),
                        m.weights + params * bytes.master + m.grads + m.activations + m.recompute + m.grad_scratch)
-          << recompute_name(r) << ", " << precision_name(precision);
+          << recompute_name(r) << " on " << redo << ", " << precision_name(precision);
       EXPECT_EQ(m.in_flight, 1);  // the chunks' in-flight counts are in the terms
     }
   }
@@ -220,9 +261,15 @@ TEST(Gpt, RangesSplitInsideBlocksComputeWhatTheWholeModelComputes) {
   GptConfig c = kTiny;
   c.n_layer = 3;
   Tensor tokens = random_tokens(*dev, B, T, c.vocab_size, 3), targets = random_tokens(*dev, B, T, c.vocab_size, 4);
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    const ActivationPolicy policy{r, 1, Precision::kF32};
-    Gpt whole(c, *dev, GptRange::whole(c), B, T, {}, policy);
+  // The stages recompute their every block, or only their first (Megatron-LM's block method); the reference keeps
+  // every activation.
+  for (auto [r, redo] : {std::pair{Recompute::kNone, -1},
+                         {Recompute::kSelective, -1},
+                         {Recompute::kFull, -1},
+                         {Recompute::kSelective, 1},
+                         {Recompute::kFull, 1}}) {
+    const ActivationPolicy policy{r, 1, Precision::kF32, redo};
+    Gpt whole(c, *dev, GptRange::whole(c), B, T, {}, ActivationPolicy{});
     std::vector<Gpt> stages;
     stages.reserve(3);
     stages.emplace_back(c, *dev, GptRange{true, 0, 2, false, false, true}, B, T, TensorParallel{}, policy);
@@ -244,7 +291,7 @@ TEST(Gpt, RangesSplitInsideBlocksComputeWhatTheWholeModelComputes) {
     stages[2].backward();
     stages[1].backward(stages[2].dinput());
     stages[0].backward(stages[1].dinput());
-    EXPECT_FLOAT_EQ(loss_whole, loss_split) << recompute_name(r);
+    EXPECT_FLOAT_EQ(loss_whole, loss_split) << recompute_name(r) << " on " << redo;
     size_t params = 0;
     for (const Gpt& m : stages) params += const_cast<Gpt&>(m).params().size();
     EXPECT_EQ(params, whole.params().size() + 1) << "every parameter in one stage, wte in two";
@@ -263,7 +310,7 @@ TEST(Gpt, RangesSplitInsideBlocksComputeWhatTheWholeModelComputes) {
       }
       EXPECT_EQ(holders, p.name == "wte.weight" ? 2 : 1) << p.name;
       for (size_t i = 0; i < want.size(); ++i) {
-        EXPECT_NEAR(got[i], want[i], 1e-6f) << p.name << "[" << i << "] " << recompute_name(r);
+        EXPECT_NEAR(got[i], want[i], 1e-6f) << p.name << "[" << i << "] " << recompute_name(r) << " on " << redo;
       }
     }
   }
@@ -412,16 +459,22 @@ TEST(Gpt, CountsAndTimesItsRecomputation) {
   const int B = 2, T = 6;
   Tensor tokens = random_tokens(*dev, B, T, kTiny.vocab_size, 3),
          targets = random_tokens(*dev, B, T, kTiny.vocab_size, 4);
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-    Gpt m(kTiny, *dev, GptRange::whole(kTiny), B, T, {}, ActivationPolicy{.recompute = r});
+  // Of the 2 blocks: every one (-1), none (0) or the first (1).
+  for (auto [r, redo] : {std::pair{Recompute::kNone, -1},
+                         {Recompute::kSelective, -1},
+                         {Recompute::kFull, -1},
+                         {Recompute::kFull, 0},
+                         {Recompute::kSelective, 1},
+                         {Recompute::kFull, 1}}) {
+    Gpt m(kTiny, *dev, GptRange::whole(kTiny), B, T, {}, ActivationPolicy{.recompute = r, .recompute_blocks = redo});
     m.init(1);
     for (int step = 1; step <= 2; ++step) {
       m.forward(tokens);
       m.loss(targets);
       m.backward();
-      const int64_t want = r == Recompute::kNone ? 0 : int64_t{step} * kTiny.n_layer;
-      EXPECT_EQ(m.recomputed_blocks(), want) << recompute_name(r);
-      EXPECT_EQ(m.recompute_seconds() > 0, want > 0) << recompute_name(r);
+      const int64_t want = r == Recompute::kNone ? 0 : int64_t{step} * (redo < 0 ? kTiny.n_layer : redo);
+      EXPECT_EQ(m.recomputed_blocks(), want) << recompute_name(r) << " on " << redo;
+      EXPECT_EQ(m.recompute_seconds() > 0, want > 0) << recompute_name(r) << " on " << redo;
     }
   }
 }

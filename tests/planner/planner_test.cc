@@ -92,6 +92,13 @@ TEST(Spec, BadInputNamesFileAndField) {
       error_of([] { load_train_setup(ConfigNode::parse_string("global_batch: 4611686018427387904\n", "t.yaml")); },
                ErrorCode::kConfig),
       HasSubstr("got 4611686018427387904"));  // 2^62 used to plan nonsense
+  EXPECT_TRUE(load_train_setup(ConfigNode::parse_string("global_batch: 8\n", "t.yaml")).partial_recompute);
+  EXPECT_FALSE(load_train_setup(ConfigNode::parse_string("global_batch: 8\npartial_recompute: false\n", "t.yaml"))
+                   .partial_recompute);
+  EXPECT_THAT(
+      error_of([] { load_train_setup(ConfigNode::parse_string("global_batch: 8\npartial_recompute: 3\n", "t.yaml")); },
+               ErrorCode::kConfig),
+      HasSubstr("field 'partial_recompute'"));
 }
 
 // The cluster file h2 profile writes loads back as the same cluster, whatever characters its names hold.
@@ -758,6 +765,34 @@ TEST(Layout, FileErrorsNameTheFieldAndALayoutThatDoesNotFitSaysSo) {
   EXPECT_LT(h0.forward_s, three_three.stages[0].forward_s);
   EXPECT_GT(h1.forward_s, three_three.stages[1].forward_s);
   EXPECT_LT(h1.forward_s, two_four.stages[1].forward_s);
+  // Full recomputation of the first 2 of a stage's 3 blocks only: by hand, the backward is none's plus 2/3 of what
+  // recomputing all 3 adds (a recomputed block repeats its forward), and the plan goes to JSON and back with it.
+  const auto three = [&](const std::string& recompute) {
+    return cost_layout(costs, load("stages:\n  - {chip: Y, tp: 2, layers: 3, " + recompute +
+                                   "}\n  - {chip: Z, tp: 2, layers: 3, recompute: none}\n"));
+  };
+  const Plan part = three("recompute: full, recompute_blocks: 2"), none = three("recompute: none"),
+             full = three("recompute: full");
+  EXPECT_EQ(part.stages[0].recompute_blocks, 2);
+  EXPECT_NEAR(part.stages[0].backward_s,
+              none.stages[0].backward_s + 2.0 / 3 * (full.stages[0].backward_s - none.stages[0].backward_s), 1e-12);
+  EXPECT_LT(part.stages[0].memory_bytes, none.stages[0].memory_bytes);
+  EXPECT_GT(part.stages[0].memory_bytes, full.stages[0].memory_bytes);
+  EXPECT_THAT(format_plan(part), HasSubstr("full:2"));
+  EXPECT_EQ(Plan::from_json(part.to_json(), "p.json").stages[0].recompute_blocks, 2);
+  EXPECT_EQ(three("recompute: full, recompute_blocks: 3").stages[0].recompute_blocks, -1);  // all of them
+  EXPECT_THAT(error_of([&] { three("recompute_blocks: 2"); }, ErrorCode::kConfig),
+              HasSubstr("field 'stages[0].recompute_blocks': needs recompute: selective or full"));
+  EXPECT_THAT(error_of([&] { three("recompute: full, recompute_blocks: 0"); }, ErrorCode::kConfig),
+              HasSubstr("field 'stages[0].recompute_blocks': must be a positive integer, got 0"));
+  EXPECT_THAT(error_of(
+                  [&] {
+                    load(
+                        "schedule: interleaved\nchunks: 3\nstages:\n  - {chip: Y, tp: 2, layers: 3, "
+                        "recompute: full, recompute_blocks: 1}\n  - {chip: Z, tp: 2, layers: 3}\n");
+                  },
+                  ErrorCode::kConfig),
+              HasSubstr("recompute_blocks': is for stages of one chunk, not interleaved"));
   // Interleaved: the planner's step is the replay's.
   const Plan inter = cost_layout(costs, load("schedule: interleaved\nchunks: 3\n" + two));
   EXPECT_EQ(inter.schedule, ScheduleKind::kInterleaved);
@@ -856,10 +891,10 @@ TEST(Plan, AStageBoundaryInsideABlockRoundTripsAndIsChecked) {
   EXPECT_EQ(back.to_json(), plan.to_json());
   EXPECT_TRUE(back.stages[0].ends_at_attention);
   EXPECT_TRUE(back.stages[1].starts_at_mlp);
-  EXPECT_NE(plan.to_json().find("\"version\": 5"), std::string::npos);
+  EXPECT_NE(plan.to_json().find("\"version\": 6"), std::string::npos);
   const Plan whole = plan_training(costs, PlannerOptions{.split_blocks = false});
   std::string v4 = whole.to_json();
-  v4.replace(v4.find("\"version\": 5"), 12, "\"version\": 4");
+  v4.replace(v4.find("\"version\": 6"), 12, "\"version\": 4");
   EXPECT_EQ(Plan::from_json(v4, "p.json").stages.size(), whole.stages.size());
   const auto refused = [](Plan p) { return error_of([&] { check_plan(p, "p.json"); }, ErrorCode::kConfig); };
   Plan gap = plan;
@@ -884,8 +919,25 @@ TEST(Plan, JsonRoundTripAndVersion) {
   plan.model = "small";
   const Plan back = Plan::from_json(plan.to_json(), "p.json");
   EXPECT_EQ(back.to_json(), plan.to_json());
+  // Recomputation on a stage's first blocks only: 1..layers - 1 of them, with a recomputation, one chunk.
+  const auto refused = [](Plan p) { return error_of([&] { check_plan(p, "p.json"); }, ErrorCode::kConfig); };
+  Plan some = plan;
+  some.stages[0].recompute = Recompute::kFull;
+  some.stages[0].recompute_blocks = some.stages[0].layers - 1;
+  ASSERT_GE(some.stages[0].recompute_blocks, 1);
+  EXPECT_EQ(Plan::from_json(some.to_json(), "p.json").stages[0].recompute_blocks, some.stages[0].recompute_blocks);
+  EXPECT_EQ(plan.to_json().find("recompute_blocks"), std::string::npos);  // absent when all blocks recompute
+  some.stages[0].recompute_blocks = some.stages[0].layers;
+  EXPECT_THAT(refused(some), HasSubstr("field 'stages[0].recompute_blocks': must be -1 (all) or 1.."));
+  some.stages[0].recompute_blocks = 1;
+  some.stages[0].recompute = Recompute::kNone;
+  EXPECT_THAT(refused(some), HasSubstr("1 blocks recompute, but recompute is none"));
+  some.stages[0].recompute = Recompute::kFull;
+  some.chunks = 2;
+  some.schedule = ScheduleKind::kInterleaved;
+  EXPECT_THAT(refused(some), HasSubstr("recomputing only some blocks is for stages of one chunk"));
   std::string text = plan.to_json();
-  text.replace(text.find("\"version\": 5"), 12, "\"version\": 9");
+  text.replace(text.find("\"version\": 6"), 12, "\"version\": 9");
   EXPECT_THAT(error_of([&] { Plan::from_json(text, "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: plan version 9"));
   EXPECT_THAT(error_of([&] { Plan::from_json("{\"format\": \"h2-plan\"}", "p.json"); }, ErrorCode::kConfig),
