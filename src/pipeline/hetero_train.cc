@@ -291,7 +291,7 @@ void RankTraining::build_stage() {
     // activations for as many micro-batches as the schedule keeps in flight here.
     runners_.push_back(
         std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
-                                      OptimOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
+                                      RunnerOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
                                       ActivationPolicy{group.recompute, max_in_flight(schedule_, place_.stage, vs),
                                                        c_.precision, group.recompute_blocks},
                                       c));

@@ -150,7 +150,7 @@ TiedExchange tied_exchange(const StageLayout& layout, int64_t vocab, int rank, b
 }
 
 StageRunner::StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout,
-                         StageComms& comms, int rows, int T, OptimOptions options, ActivationPolicy policy, int chunk)
+                         StageComms& comms, int rows, int T, RunnerOptions options, ActivationPolicy policy, int chunk)
     : config_(config),
       device_(device),
       range_(range),
@@ -517,7 +517,8 @@ void StageRunner::reduce_tied_embedding() {
   // host, piece by piece (options_.tied_piece_floats), in a buffer kept from step to step. Measured on the built-in
   // cluster (a slow TP-1 end, a fast TP-2 end, bf16; the trace of examples/layout_local.yaml's plan): 0.53 s a step
   // range by range over `all` below (point-to-point messages of 26 MB through this host's UCX), 21-25 ms so in one
-  // piece (docs/planner.md).
+  // piece on the night that was measured; 31-36 ms in the bench's rounds of 2026-12-06 (docs/pipeline.md, "Layouts
+  // written by hand"), where one run in pieces of 16 MiB took 30.5 ms beside 31.5 ms in one piece.
   if (comms_.tied.size() > 2) {
     const int64_t total = config_.vocab_size * C, own_first = first * C, own_end = own_first + wte->grad.numel();
     const int64_t piece = std::min(total, std::max<int64_t>(1, options_.tied_piece_floats));

@@ -112,7 +112,8 @@ struct TiedExchange {
 };
 TiedExchange tied_exchange(const StageLayout& layout, int64_t vocab, int rank, bool summed_over_replicas);
 
-struct OptimOptions {
+// How a StageRunner's step reduces and applies its gradients.
+struct RunnerOptions {
   double grad_clip = 1.0;
   bool zero1 = false;  // shard the optimizer state over the stage's replicas
   // The tied embedding's sum between ends of unlike TP goes through host memory in pieces of at most this many
@@ -133,7 +134,7 @@ class StageRunner {
   // device's memory is an Error(kOutOfMemory) naming the stage, the rank and the device's sizes. A rank's chunks
   // share its device and its communicators.
   StageRunner(const GptConfig& config, Device& device, GptRange range, const StageLayout& layout, StageComms& comms,
-              int rows, int T, OptimOptions options, ActivationPolicy policy = {}, int chunk = 0);
+              int rows, int T, RunnerOptions options, ActivationPolicy policy = {}, int chunk = 0);
   Gpt& model() { return *model_; }
   const StageLayout::Place& place() const { return place_; }
   int virtual_stage() const { return virtual_stage_; }
@@ -200,7 +201,7 @@ class StageRunner {
   TensorComm all_, dp_, tp_;
   int rows_, B_, T_;   // the micro-batch's rows, and this replica's share of them
   int first_row_ = 0;  // where its share starts
-  OptimOptions options_;
+  RunnerOptions options_;
   std::unique_ptr<Gpt> model_;
   OptimizerState optimizer_;
   bool first_, last_;

@@ -226,6 +226,9 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
     s.halves = s.halves || plan.stages[i].starts_at_mlp || plan.stages[i].ends_at_attention;
     s.recompute.push_back(plan.stages[i].recompute);
     s.recompute_blocks.push_back(plan.stages[i].recompute_blocks);
+    s.share_recompute.emplace_back();
+    for (const ReplicaGroup& g : plan.stages[i].groups)
+      s.share_recompute.back().push_back({g.recompute, g.recompute_blocks});
   }
   if (!s.halves) {
     for (size_t i = 0; i < plan.stages.size(); ++i) s.layers[i] = plan.stages[i].layers;
@@ -239,10 +242,12 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
 
 Plan cost_layout(const CostModel& c, const LayoutSpec& s) {
   FitFailure failure;
-  std::optional<Plan> plan = score_split(
-      c, s.layout, s.layers, &failure,
-      ScoreOptions{
-          .recompute = s.recompute, .recompute_blocks = s.recompute_blocks, .require_fit = false, .halves = s.halves});
+  std::optional<Plan> plan = score_split(c, s.layout, s.layers, &failure,
+                                         ScoreOptions{.recompute = s.recompute,
+                                                      .recompute_blocks = s.recompute_blocks,
+                                                      .share_recompute = s.share_recompute,
+                                                      .require_fit = false,
+                                                      .halves = s.halves});
   H2_CHECK(plan.has_value()) << "a plan is scored whether or not it fits";
   score_by_replay(c, *plan);
   plan->why = "costed as given (--layout)";

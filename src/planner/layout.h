@@ -30,6 +30,8 @@ struct LayoutSpec {
   bool halves = false;      // a stage boundary inside a block (ScoreOptions::halves): the layers are half-blocks
   std::vector<std::optional<Recompute>> recompute;  // per stage
   std::vector<int64_t> recompute_blocks;            // per stage: on its first this many blocks; -1: all
+  // Per stage: a mixed stage's shares' own recomputation (a plan's groups; ScoreOptions::share_recompute).
+  std::vector<std::vector<std::pair<Recompute, int64_t>>> share_recompute;
 };
 
 // Reads and checks a layout against the cluster (chip types, devices enough for every stage, TP within a node),

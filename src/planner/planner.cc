@@ -447,18 +447,24 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
     const int n = layers[static_cast<size_t>(i)];
     const Pieces q = options.halves ? pieces(first, first + n) : Pieces{.whole = n};
     H2_CHECK(!options.halves || t.attention_bytes[0] > 0) << "half-blocks scored without fill_half_memory";
-    // Per chip type of the stage: the given recomputation, else the fastest under which n layers fit on it.
-    std::optional<RecomputeChoice> given;
-    if (!options.recompute.empty() && options.recompute[static_cast<size_t>(i)]) {
-      // As the plan holds it: recomputing on 0 blocks is none, on all of them (or more) -1.
-      given = RecomputeChoice{*options.recompute[static_cast<size_t>(i)],
-                              options.recompute_blocks.empty() ? -1 : options.recompute_blocks[static_cast<size_t>(i)]};
-      if (given->blocks == 0) given->r = Recompute::kNone;
-      if (given->r == Recompute::kNone || given->blocks >= q.blocks()) given->blocks = -1;
-    }
+    // Per chip type of the stage (its k-th share): the given recomputation, else the fastest under which n layers fit
+    // on it. As a plan holds it: recomputing 0 blocks is none, all of them (or more) -1.
+    const auto normal = [&](Recompute r, int64_t blocks) {
+      if (blocks == 0) r = Recompute::kNone;
+      return RecomputeChoice{r, r == Recompute::kNone || blocks >= q.blocks() ? -1 : blocks};
+    };
+    const auto given = [&](size_t k) -> std::optional<RecomputeChoice> {
+      if (!options.share_recompute.empty() && !options.share_recompute[static_cast<size_t>(i)].empty()) {
+        const auto [r, blocks] = options.share_recompute[static_cast<size_t>(i)].at(k);
+        return normal(r, blocks);
+      }
+      if (options.recompute.empty() || !options.recompute[static_cast<size_t>(i)]) return std::nullopt;
+      return normal(*options.recompute[static_cast<size_t>(i)],
+                    options.recompute_blocks.empty() ? -1 : options.recompute_blocks[static_cast<size_t>(i)]);
+    };
     bool found = true;  // a recomputation was given, or one fits on every chip type of the stage
-    const auto recompute_of = [&](const StageTerms& share) {
-      if (given) return *given;
+    const auto recompute_of = [&](const StageTerms& share, size_t k) {
+      if (const std::optional<RecomputeChoice> r = given(k)) return *r;
       if (const std::optional<RecomputeChoice> r = fastest_fit(choices, partials, share, q)) return *r;
       found = false;
       return RecomputeChoice{choices.back(), -1};
@@ -486,8 +492,9 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
     const int tensors = static_cast<int>(12 * q.whole + 6 * (q.attention + q.mlp)) + (t.embedding ? 2 : 0) +
                         (t.head ? (t.embedding ? 2 : 3) : 0);
     double slowest = -1, headroom = kInf;
-    for (const StageTerms& share : t.members()) {
-      const auto [recompute, redo] = recompute_of(share);
+    for (size_t k = 0; k < t.members().size(); ++k) {
+      const StageTerms& share = t.members()[k];
+      const auto [recompute, redo] = recompute_of(share, k);
       StageMemorySpec spec = share.spec;
       spec.layers = q.blocks();
       spec.starts_at_mlp = st.starts_at_mlp;

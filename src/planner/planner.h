@@ -98,7 +98,10 @@ struct ScoreOptions {
   // Per stage (or empty): the recomputation to use; where absent, the fastest allowed choice under which it fits.
   std::vector<std::optional<Recompute>> recompute;
   std::vector<int64_t> recompute_blocks;  // per stage (or empty): on its first this many blocks; -1: all
-  bool require_fit = true;                // false: a layout over its devices' memory still gets a plan, with fits false
+  // Per stage (or empty): for a stage whose replicas mix chip types, each share's own recomputation and count of
+  // first blocks, in the layout's order of its shares (a plan's groups); empty for a stage: `recompute` for all.
+  std::vector<std::vector<std::pair<Recompute, int64_t>>> share_recompute;
+  bool require_fit = true;  // false: a layout over its devices' memory still gets a plan, with fits false
   // The layers per stage are half-blocks (a block's attention half, then its MLP half): a stage boundary may fall
   // inside a block (model/gpt.h's GptRange). One chunk per stage only.
   bool halves = false;

@@ -96,7 +96,7 @@ std::vector<RankRun> run_one_step(const Plan& plan, const Case& c, size_t capaci
         if (capacity > 0) chip.mem_capacity_bytes = capacity;
         auto device = create_device(DeviceSpec{.backend = "emu", .index = r, .emu = chip});
         StageRunner runner(kModel, *device, kStages[static_cast<size_t>(place.stage)], layout, comms, rows,
-                           kModel.seq_len, OptimOptions{.zero1 = c.zero1},
+                           kModel.seq_len, RunnerOptions{.zero1 = c.zero1},
                            ActivationPolicy{c.recompute, max_in_flight(schedule, place.stage), c.precision,
                                             plan.stages[static_cast<size_t>(place.stage)].recompute_blocks});
         runner.model().init(1);

@@ -101,7 +101,7 @@ struct PipelineCase {
   std::vector<Recompute> recompute;  // per stage (empty: none); activation slots follow the schedule
   GptConfig config = kConfig;
   int chunks = 1;  // > 1: interleaved 1F1B
-  int64_t tied_piece_floats = OptimOptions{}.tied_piece_floats;
+  int64_t tied_piece_floats = RunnerOptions{}.tied_piece_floats;
 };
 
 Curve pipelined(const PipelineCase& pc, double grad_clip) {
@@ -134,7 +134,7 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
           const int vs = c * stages + place.stage;
           runners.push_back(std::make_unique<StageRunner>(
               pc.config, *device, pc.stages[static_cast<size_t>(vs)], layout, comms, rows, kSeq,
-              OptimOptions{.grad_clip = grad_clip, .zero1 = pc.zero1, .tied_piece_floats = pc.tied_piece_floats},
+              RunnerOptions{.grad_clip = grad_clip, .zero1 = pc.zero1, .tied_piece_floats = pc.tied_piece_floats},
               ActivationPolicy{recompute, max_in_flight(schedule, place.stage, vs)}, c));
           runners.back()->model().init(7);
           chunks.push_back(runners.back().get());

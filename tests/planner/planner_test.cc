@@ -854,7 +854,15 @@ TEST(Layout, StagesOfMixedChipTypesCostEachGroupOnItsChip) {
   EXPECT_THAT(format_plan(mixed), HasSubstr("3 rows each"));
   const Plan back = Plan::from_json(mixed.to_json(), "p.json");
   EXPECT_EQ(back.to_json(), mixed.to_json());
-  EXPECT_DOUBLE_EQ(cost_layout(costs, layout_spec_of(back, costs)).step_s, mixed.step_s);
+  // Costed again (h2 simulate --cluster, h2 calibrate), each group keeps its own recomputation, times and memory.
+  const Plan again = cost_layout(costs, layout_spec_of(back, costs));
+  EXPECT_DOUBLE_EQ(again.step_s, mixed.step_s);
+  ASSERT_EQ(again.stages[0].groups.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(again.stages[0].groups[k].recompute, s.groups[k].recompute) << k;
+    EXPECT_DOUBLE_EQ(again.stages[0].groups[k].backward_s, s.groups[k].backward_s) << k;
+    EXPECT_DOUBLE_EQ(again.stages[0].groups[k].memory_bytes, s.groups[k].memory_bytes) << k;
+  }
   EXPECT_THAT(
       error_of([&] { load("dp: 8\nstages:\n  - {tp: 1, layers: 6, mix: [{chip: Y, replicas: 2, rows: 1}]}\n"); },
                ErrorCode::kConfig),
