@@ -112,6 +112,21 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
     }
   }
   s.layout.chunks = int_field(root, "chunks", 1);
+  // A stage's (or a share's) recomputation, absent: the fastest that fits; on its first recompute_blocks blocks.
+  const auto recompute_of = [&](const ConfigNode& n) {
+    std::optional<Recompute> r;
+    if (n.has("recompute")) {
+      r = parse_recompute(n.get<std::string>("recompute"));
+      if (!r) n.at("recompute").fail("must be none, selective or full");
+    }
+    int64_t blocks = -1;
+    if (n.has("recompute_blocks")) {
+      if (!r || *r == Recompute::kNone) n.at("recompute_blocks").fail("needs recompute: selective or full");
+      if (s.layout.chunks > 1) n.at("recompute_blocks").fail("is for stages of one chunk, not interleaved");
+      blocks = int_field(n, "recompute_blocks", 1);
+    }
+    return std::pair{r, blocks};
+  };
   const std::vector<ConfigNode> stages = root.at("stages").items();
   for (const ConfigNode& n : stages) {
     n.allow_only({"chip", "tp", "dp", "mix", "layers", "recompute", "recompute_blocks"});
@@ -128,14 +143,16 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
       n.at("layers").fail(cat("must be a whole or half number of layers in [0, ", c.model().layers, "], got ", layers));
     }
     Layout::Slot slot{0, int_field(n, "tp", 1), n.has("dp") ? int_field(n, "dp", 1) : 0};
+    std::vector<std::pair<std::optional<Recompute>, int64_t>> shares;  // a mixed stage's, each its own
     if (n.has("mix")) {
       // Replicas of several chip types with their shares of a micro-batch: [{chip: A100, replicas: 2, rows: 3}, ..].
       if (n.has("chip") || n.has("dp")) n.at("mix").fail("a stage gives either chip (and dp) or mix, not both");
       slot.dp = 0;
       for (const ConfigNode& m : n.at("mix").items()) {
-        m.allow_only({"chip", "replicas", "rows"});
+        m.allow_only({"chip", "replicas", "rows", "recompute", "recompute_blocks"});
         slot.mix.push_back({chip_of(m), int_field(m, "replicas", 1), int_field(m, "rows", 1)});
         slot.dp += slot.mix.back().replicas;
+        shares.push_back(recompute_of(m));
       }
       if (slot.mix.empty()) n.at("mix").fail("lists no replicas");
       slot.chip = slot.mix.front().chip;
@@ -145,18 +162,10 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
     s.layout.stages.push_back(slot);
     s.layers.push_back(static_cast<int>(2 * layers));
     s.halves = s.halves || layers != std::floor(layers);
-    std::optional<Recompute> r;
-    if (n.has("recompute")) {
-      r = parse_recompute(n.get<std::string>("recompute"));
-      if (!r) n.at("recompute").fail("must be none, selective or full");
-    }
+    const auto [r, blocks] = recompute_of(n);
     s.recompute.push_back(r);
-    s.recompute_blocks.push_back(-1);
-    if (n.has("recompute_blocks")) {
-      if (!r || *r == Recompute::kNone) n.at("recompute_blocks").fail("needs recompute: selective or full");
-      if (s.layout.chunks > 1) n.at("recompute_blocks").fail("is for stages of one chunk, not interleaved");
-      s.recompute_blocks.back() = int_field(n, "recompute_blocks", 1);
-    }
+    s.recompute_blocks.push_back(blocks);
+    s.share_recompute.push_back(std::move(shares));
   }
   if (!s.halves) {
     for (int& layers : s.layers) layers /= 2;

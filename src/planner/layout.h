@@ -10,7 +10,10 @@
 //   stages:              # in pipeline order: the first holds the embedding, the last the head
 //     - {chip: A100, tp: 8, layers: 12, recompute: full}   # dp: the stage's replicas (default: the top dp)
 //     - {chip: H100, tp: 8, layers: 20}                   # recompute: absent = the fastest allowed that fits
-//     - {chip: A100, tp: 8, layers: 12, recompute: full, recompute_blocks: 3}  # full on its first 3 blocks only
+//   with one chunk, a stage may also recompute only its first blocks:
+//     - {chip: A100, tp: 8, layers: 12, recompute: full, recompute_blocks: 3}
+//   and replicas of several chip types each take their rows of a micro-batch, each type with its own recompute:
+//     - {tp: 8, layers: 8, mix: [{chip: A100, replicas: 4, rows: 1, recompute: full}, {chip: H100, rows: 2}]}
 //   layers may end in .5 (1f1b and gpipe): the stages then meet inside a block, one ending after its attention half
 //   and the next starting at its MLP half — {layers: 1.5} then {layers: 2.5} split block 1 between them.
 #pragma once
@@ -31,7 +34,7 @@ struct LayoutSpec {
   std::vector<std::optional<Recompute>> recompute;  // per stage
   std::vector<int64_t> recompute_blocks;            // per stage: on its first this many blocks; -1: all
   // Per stage: a mixed stage's shares' own recomputation (a plan's groups; ScoreOptions::share_recompute).
-  std::vector<std::vector<std::pair<Recompute, int64_t>>> share_recompute;
+  std::vector<std::vector<std::pair<std::optional<Recompute>, int64_t>>> share_recompute;
 };
 
 // Reads and checks a layout against the cluster (chip types, devices enough for every stage, TP within a node),

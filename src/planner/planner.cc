@@ -456,7 +456,7 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
     const auto given = [&](size_t k) -> std::optional<RecomputeChoice> {
       if (!options.share_recompute.empty() && !options.share_recompute[static_cast<size_t>(i)].empty()) {
         const auto [r, blocks] = options.share_recompute[static_cast<size_t>(i)].at(k);
-        return normal(r, blocks);
+        if (r) return normal(*r, blocks);
       }
       if (options.recompute.empty() || !options.recompute[static_cast<size_t>(i)]) return std::nullopt;
       return normal(*options.recompute[static_cast<size_t>(i)],

@@ -99,8 +99,9 @@ struct ScoreOptions {
   std::vector<std::optional<Recompute>> recompute;
   std::vector<int64_t> recompute_blocks;  // per stage (or empty): on its first this many blocks; -1: all
   // Per stage (or empty): for a stage whose replicas mix chip types, each share's own recomputation and count of
-  // first blocks, in the layout's order of its shares (a plan's groups); empty for a stage: `recompute` for all.
-  std::vector<std::vector<std::pair<Recompute, int64_t>>> share_recompute;
+  // first blocks, in the layout's order of its shares (a plan's groups); empty for a stage, or absent for a share:
+  // the stage's `recompute`.
+  std::vector<std::vector<std::pair<std::optional<Recompute>, int64_t>>> share_recompute;
   bool require_fit = true;  // false: a layout over its devices' memory still gets a plan, with fits false
   // The layers per stage are half-blocks (a block's attention half, then its MLP half): a stage boundary may fall
   // inside a block (model/gpt.h's GptRange). One chunk per stage only.

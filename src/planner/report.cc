@@ -107,7 +107,7 @@ std::string format_baselines(const Baselines& b, const Plan& plan) {
 // recomputation, memory used, bubble), which is where a mixed plan gains or loses against the types apart.
 std::string explain_mix(const Baselines& b, const Plan& plan) {
   struct Role {
-    int stages = 0, halves = 0, recomputing = 0, devices = 0;
+    int stages = 0, halves = 0, recomputing = 0, recomputed_blocks = 0, devices = 0;
     bool embedding = false, head = false;
     double memory = 0, capacity = 0;
   };
@@ -117,13 +117,18 @@ std::string explain_mix(const Baselines& b, const Plan& plan) {
       // The stage's replicas of this type: all of them, or its group of that type in a mixed stage.
       int replicas = 0;
       double memory = 0;
+      ReplicaGroup group;
       for (const ReplicaGroup& g : s.replica_groups()) {
-        if (g.chip == chip) replicas = g.replicas, memory = g.memory_bytes / g.capacity_bytes;
+        if (g.chip == chip) replicas = g.replicas, memory = g.memory_bytes / g.capacity_bytes, group = g;
       }
       if (replicas == 0) continue;
       ++r.stages;
       r.halves += s.halves();
-      r.recomputing += s.recompute != Recompute::kNone ? 1 : 0;
+      // The group's own recomputation, on all of the stage's blocks (a half counting as one) or its first ones.
+      if (group.recompute != Recompute::kNone) {
+        ++r.recomputing;
+        r.recomputed_blocks += group.recompute_blocks >= 0 ? group.recompute_blocks : s.layers;
+      }
       r.devices += s.tp * replicas;
       r.embedding = r.embedding || s.embedding;
       r.head = r.head || s.head;
@@ -132,9 +137,9 @@ std::string explain_mix(const Baselines& b, const Plan& plan) {
     return r;
   };
   const auto describe = [](const Role& r) {
-    return format("%d stage(s), %g layer(s)%s%s, %d device(s), recomputing on %d, fullest device %.0f%%", r.stages,
-                  r.halves / 2.0, r.embedding ? " + embedding" : "", r.head ? " + head" : "", r.devices, r.recomputing,
-                  100 * r.memory);
+    return format("%d stage(s), %g layer(s)%s%s, %d device(s), recomputing on %d (%d block(s)), fullest device %.0f%%",
+                  r.stages, r.halves / 2.0, r.embedding ? " + embedding" : "", r.head ? " + head" : "", r.devices,
+                  r.recomputing, r.recomputed_blocks, 100 * r.memory);
   };
   std::string out = format("why (each chip type in the mixed plan, bubble %.0f%%, beside the type alone):\n",
                            100 * plan.bubble_fraction);

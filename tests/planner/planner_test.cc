@@ -662,18 +662,19 @@ TEST(Report, BaselinesAndTheHeterogeneousSpeedup) {
   EXPECT_THAT(text, HasSubstr("Y alone (4 devices)"));
   // Where the mix gains: each type's part of the plan, counted here from the plan's stages.
   for (const char* chip : {"X", "Y", "Z"}) {
-    int stages = 0, layers = 0, recomputing = 0;
+    int stages = 0, layers = 0, recomputing = 0, blocks = 0;
     for (const StagePlan& s : plan.stages) {
       if (s.chip != chip) continue;
       ++stages;
       layers += s.layers;
       recomputing += s.recompute != Recompute::kNone;
+      if (s.recompute != Recompute::kNone) blocks += s.recompute_blocks >= 0 ? s.recompute_blocks : s.layers;
     }
     const std::string want = stages == 0 ? cat(chip, "        mixed: unused")
                                          : cat(chip, "        mixed: ", stages, " stage(s), ", layers, " layer(s)");
     EXPECT_THAT(text, HasSubstr(want));
     if (stages > 0) {
-      EXPECT_THAT(text, HasSubstr(cat("recomputing on ", recomputing)));
+      EXPECT_THAT(text, HasSubstr(cat("recomputing on ", recomputing, " (", blocks, " block(s))")));
     }
   }
   EXPECT_THAT(text, HasSubstr("alone: does not fit"));  // X
@@ -863,6 +864,17 @@ TEST(Layout, StagesOfMixedChipTypesCostEachGroupOnItsChip) {
     EXPECT_DOUBLE_EQ(again.stages[0].groups[k].backward_s, s.groups[k].backward_s) << k;
     EXPECT_DOUBLE_EQ(again.stages[0].groups[k].memory_bytes, s.groups[k].memory_bytes) << k;
   }
+  // A layout file gives a share its own recomputation; a share without one gets the fastest that fits.
+  ASSERT_EQ(s.groups[1].recompute, Recompute::kFull);
+  const Plan given =
+      cost_layout(costs, load("dp: 8\nstages:\n  - {tp: 1, layers: 6, mix: [{chip: Y, replicas: 2, rows: "
+                              "1}, {chip: Z, replicas: 2, rows: 3, recompute: full, recompute_blocks: "
+                              "3}]}\n"));
+  EXPECT_EQ(given.stages[0].groups[0].recompute, s.groups[0].recompute);
+  EXPECT_DOUBLE_EQ(given.stages[0].groups[0].backward_s, s.groups[0].backward_s);
+  EXPECT_EQ(given.stages[0].groups[1].recompute_blocks, 3);
+  EXPECT_LT(given.stages[0].groups[1].backward_s, s.groups[1].backward_s);  // 3 of 6 blocks recomputed, not 6
+  EXPECT_THAT(format_plan(given), HasSubstr("full:3"));
   EXPECT_THAT(
       error_of([&] { load("dp: 8\nstages:\n  - {tp: 1, layers: 6, mix: [{chip: Y, replicas: 2, rows: 1}]}\n"); },
                ErrorCode::kConfig),
