@@ -148,26 +148,25 @@ int64_t vocab_rows(const StageMemorySpec& m) {
 }
 
 // The blocks of a stage's range by what they hold: whole, the attention half alone, the MLP half alone.
-struct BlockHalves {
-  int64_t whole = 0, attention = 0, mlp = 0;
-};
 BlockHalves halves(const StageMemorySpec& m) {
   if (m.layers == 1 && m.starts_at_mlp && m.ends_at_attention) return {};  // no half at all: refused by the model
   const int64_t attention = m.ends_at_attention ? 1 : 0, mlp = m.starts_at_mlp ? 1 : 0;
   return {m.layers - attention - mlp, attention, mlp};
 }
 
-// Which of the blocks in h recompute: the first m.recompute_blocks of them in the order the stage holds them (its MLP
-// half, its whole blocks, its attention half); all of them when it is negative; none without recomputation.
+// Which of the blocks in h recompute: none without recomputation, else the first m.recompute_blocks.
 BlockHalves recomputed_halves(const StageMemorySpec& m, const BlockHalves& h) {
-  if (m.recompute == Recompute::kNone) return {};
-  const int64_t n = h.whole + h.attention + h.mlp;
-  const int64_t j = m.recompute_blocks < 0 ? n : std::min(m.recompute_blocks, n);
-  const int64_t mlp = std::min(j, h.mlp);
-  return {std::min(j - mlp, h.whole), j == n ? h.attention : 0, mlp};
+  return m.recompute == Recompute::kNone ? BlockHalves{} : first_blocks(h, m.recompute_blocks);
 }
 
 }  // namespace
+
+BlockHalves first_blocks(const BlockHalves& h, int64_t count) {
+  const int64_t n = h.whole + h.attention + h.mlp;
+  const int64_t j = count < 0 ? n : std::min(count, n);
+  const int64_t mlp = std::min(j, h.mlp);
+  return {std::min(j - mlp, h.whole), j == n ? h.attention : 0, mlp};
+}
 
 int64_t stage_params(const StageMemorySpec& m) {
   const TransformerShape& s = m.shape;

@@ -135,6 +135,15 @@ struct StageMemorySpec {
   ElementBytes bytes;
 };
 
+// A stage's blocks by what it holds of them: whole blocks, a lone attention half at its end, a lone MLP half at its
+// start (a stage boundary inside a block).
+struct BlockHalves {
+  int64_t whole = 0, attention = 0, mlp = 0;
+};
+// The first `count` of them (-1: all) in the order the stage holds them — its MLP half, its whole blocks, its
+// attention half: which recompute when only its first recompute_blocks do.
+BlockHalves first_blocks(const BlockHalves& h, int64_t count);
+
 // Every term in bytes; a device holds state() + buffers() + in_flight x per_micro_batch().
 struct StageMemory {
   double weights = 0, grads = 0, optimizer = 0;  // parameters of its range (its TP shard)

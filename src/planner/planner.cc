@@ -28,12 +28,10 @@ struct Pieces {
   int64_t blocks() const { return whole + attention + mlp; }
   Pieces operator-(const Pieces& o) const { return {whole - o.whole, attention - o.attention, mlp - o.mlp}; }
 };
-// The first `redo` of q's blocks in the order a stage holds them (its MLP half, whole blocks, its attention half),
-// as model/costs.h's recompute_blocks counts them; -1: all.
+// The first `redo` of q's blocks (-1: all), as model/costs.h's recompute_blocks counts them.
 Pieces recomputed(const Pieces& q, int64_t redo) {
-  if (redo < 0 || redo >= q.blocks()) return q;
-  const int64_t mlp = std::min(redo, q.mlp);
-  return {std::min(redo - mlp, q.whole), 0, mlp};
+  const BlockHalves b = first_blocks({q.whole, q.attention, q.mlp}, redo);
+  return {b.whole, b.attention, b.mlp};
 }
 Pieces pieces(int64_t first, int64_t end) {
   if (end <= first) return {};

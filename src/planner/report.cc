@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "core/error.h"
 #include "core/format.h"
@@ -115,13 +116,12 @@ std::string explain_mix(const Baselines& b, const Plan& plan) {
     Role r;
     for (const StagePlan& s : p.stages) {
       // The stage's replicas of this type: all of them, or its group of that type in a mixed stage.
-      int replicas = 0;
-      double memory = 0;
-      ReplicaGroup group;
+      std::optional<ReplicaGroup> mine;
       for (const ReplicaGroup& g : s.replica_groups()) {
-        if (g.chip == chip) replicas = g.replicas, memory = g.memory_bytes / g.capacity_bytes, group = g;
+        if (g.chip == chip) mine = g;
       }
-      if (replicas == 0) continue;
+      if (!mine) continue;
+      const ReplicaGroup& group = *mine;
       ++r.stages;
       r.halves += s.halves();
       // The group's own recomputation, on all of the stage's blocks (a half counting as one) or its first ones.
@@ -129,10 +129,10 @@ std::string explain_mix(const Baselines& b, const Plan& plan) {
         ++r.recomputing;
         r.recomputed_blocks += group.recompute_blocks >= 0 ? group.recompute_blocks : s.layers;
       }
-      r.devices += s.tp * replicas;
+      r.devices += s.tp * group.replicas;
       r.embedding = r.embedding || s.embedding;
       r.head = r.head || s.head;
-      r.memory = std::max(r.memory, memory);
+      r.memory = std::max(r.memory, group.memory_bytes / group.capacity_bytes);
     }
     return r;
   };
