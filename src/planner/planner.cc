@@ -11,6 +11,7 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <tuple>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -299,11 +300,11 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
   for (int i = 0; i < p; ++i) {
     const int dp = layout.stage_dp(static_cast<size_t>(i)), tp = layout.stages[static_cast<size_t>(i)].tp;
     std::vector<StageTerms> shares;
-    for (const Layout::Share& s : layout.shares(static_cast<size_t>(i))) {
-      StageTerms t = base(s.chip, tp, s.rows);
-      t.replicas = s.replicas;
-      shares.push_back(t);
-    }
+    shares.reserve(std::max<size_t>(1, layout.stages[static_cast<size_t>(i)].mix.size()));
+    layout.for_each_share(static_cast<size_t>(i), [&](const Layout::Share& s) {
+      shares.push_back(base(s.chip, tp, s.rows));
+      shares.back().replicas = s.replicas;
+    });
     for (StageTerms& t : shares) {
       t.dp = dp;
       // The micro-batches (a chunk's share each when interleaved) its schedule keeps in flight: 1F1B min(p - i, m).
@@ -316,7 +317,7 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
       fill_memory(c, t);
     }
     if (shares.size() == 1) {
-      out.push_back(shares.front());
+      out.push_back(std::move(shares.front()));
       continue;
     }
     // Mixed: the stage's extra work (embedding, head) is the slowest share's, its time per layer and its room for
@@ -670,14 +671,15 @@ void score_by_replay(const CostModel& c, Plan& plan) {
 namespace {
 
 struct Split {
-  std::vector<int> layers;  // per stage: layers, or half-blocks (balanced_half_split)
-  double bottleneck_s;      // the slowest stage's time per micro-batch
+  std::vector<int> layers;  // per stage: layers, or half-blocks (balanced_half_split); empty: beyond the cutoff
+  double bottleneck_s;      // the slowest stage's time per micro-batch; with no layers, what it exceeds
 };
 
 // Stage 2: the least bottleneck time B such that the stages can take all layers, each stage taking
-// n_i(B) = max over recomputation r of min(cap_i(r), floor((B - extra_i) / layer_i(r))) layers.
+// n_i(B) = max over recomputation r of min(cap_i(r), floor((B - extra_i) / layer_i(r))) layers. Where B exceeds
+// `cutoff` (a layout the search would prune for it), the split says so after one try instead of searching for B.
 std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, const std::vector<StageTerms>& terms,
-                                    FitFailure* failure) {
+                                    FitFailure* failure, double cutoff = kInf) {
   const std::vector<Recompute> choices = allowed(c), partials = partial(c);
   const int64_t L = c.model().layers;
   const int p = static_cast<int>(terms.size());
@@ -744,17 +746,23 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, co
     }
     return std::nullopt;
   }
-  double lo = 0;
-  for (int iter = 0; iter < 60 && hi - lo > 1e-9 * hi; ++iter) {
-    const double mid = 0.5 * (lo + hi);
+  const auto feasible = [&](double bound) {
     int64_t total = 0;
-    bool each = true;
     for (int i = 0; i < p; ++i) {
-      const int64_t n = take(i, mid);
-      each = each && n >= least[static_cast<size_t>(i)];
+      const int64_t n = take(i, bound);
+      if (n < least[static_cast<size_t>(i)]) return false;
       total += n;
     }
-    (each && total >= L ? hi : lo) = mid;
+    return total >= L;
+  };
+  if (cutoff < hi) {
+    if (!feasible(cutoff)) return Split{{}, cutoff};
+    hi = cutoff;
+  }
+  double lo = 0;
+  for (int iter = 0; iter < 60 && hi - lo > 1e-6 * hi; ++iter) {
+    const double mid = 0.5 * (lo + hi);
+    (feasible(mid) ? hi : lo) = mid;
   }
   Split split{std::vector<int>(static_cast<size_t>(p)), hi};
   std::vector<int>& layers = split.layers;
@@ -950,6 +958,25 @@ std::vector<TypeOption> type_options(const CostModel& c, int chip, int dp, int b
   return out;
 }
 
+// Plans by their step, and plans of one step (one layout written two ways: dp pipelines of micro-batch b, or
+// 1 pipeline of micro-batch dp x b whose stages each have dp replicas) by their layout, so that which of them the
+// search keeps does not depend on which it met first.
+bool earlier(const Plan& a, const Plan& b) {
+  if (a.step_s != b.step_s) return a.step_s < b.step_s;
+  const auto key = [](const Plan& p) {
+    std::vector<int64_t> k{p.dp, p.micro_batch, static_cast<int>(p.schedule), p.chunks};
+    for (const StagePlan& s : p.stages) {
+      k.insert(k.end(), {s.chip_index, s.tp, s.dp, s.first_layer, s.layers, s.starts_at_mlp, s.ends_at_attention,
+                         static_cast<int>(s.recompute), s.recompute_blocks});
+      for (const ReplicaGroup& g : s.groups) {
+        k.insert(k.end(), {g.chip_index, g.replicas, g.rows, static_cast<int>(g.recompute), g.recompute_blocks});
+      }
+    }
+    return k;
+  };
+  return key(a) < key(b);
+}
+
 struct Search {
   const CostModel& c;
   const PlannerOptions& opt;
@@ -959,11 +986,27 @@ struct Search {
   std::mutex mu;
   std::optional<Plan> best;
   static constexpr size_t kCandidates = 32;
-  std::vector<Plan> finalists;  // the fastest by the closed form, fastest first
+  // The fastest plans by the closed form, fastest first, kCandidates of them; the replay chooses among them at the
+  // end. Pruning by the slowest of them (not by the fastest, as before 2026-12-06) is what makes them the fastest
+  // kCandidates of all, whatever order the threads reached the layouts in; pruned by the fastest, a layout the
+  // replay would have preferred was costed or not as the threads went, and a plan could change from run to run.
+  struct Pool {
+    std::vector<Plan> plans;
+    // The step a plan must beat to enter. It only falls as the search goes on, so a layout whose bound is under its
+    // final value was never pruned.
+    double bar() const { return plans.size() < kCandidates ? kInf : plans.back().step_s; }
+    void add(const Plan& p) {
+      if (plans.size() == kCandidates && !earlier(p, plans.back())) return;
+      plans.insert(std::upper_bound(plans.begin(), plans.end(), p, earlier), p);
+      if (plans.size() > kCandidates) plans.pop_back();
+    }
+  };
+  Pool finalists;
   // The same among splits with a stage boundary inside a block, apart: their stages are better balanced, where the
-  // closed form is the more optimistic, so they neither displace whole-block finalists nor lower the bound that prunes
-  // (best, best_step); the replay then chooses among both.
-  std::vector<Plan> half_finalists;
+  // closed form is the more optimistic, so they neither displace whole-block finalists nor lower the bar. Each with
+  // its layout's bound (consider's, from its whole-block split): kept while that is under the bar, which every layout
+  // under the bar's final value stays; settle() takes the kCandidates fastest of those.
+  std::vector<std::pair<double, Plan>> half_finalists;
   // Layouts whose end stage held no layer beside the embedding or head but holds it alone: the vocabulary phase
   // tries the kCandidates of them with the lowest bound as vocabulary-only stages (all of them, thousands on the
   // 1,024-chip example, cost a third of the search's time and change none of its plans).
@@ -973,24 +1016,91 @@ struct Search {
   std::atomic<int64_t> layouts{0}, pruned_memory{0}, pruned_bound{0}, evaluated{0};
   std::atomic<bool> out_of_time{false};
 
-  // Work of one step divided by the used devices' full rate: no layout with these devices can be faster.
-  double lower_bound(const Layout& l) const {
-    double rate = 0;
-    for (size_t i = 0; i < l.stages.size(); ++i) {
-      l.for_each_share(i, [&](const Layout::Share& s) { rate += l.stages[i].tp * s.replicas * c.flops_rate(s.chip); });
-    }
-    return c.step_model_flops() / rate;
+  // The step a layout must beat to matter. Called with mu held.
+  double bar() const { return finalists.bar(); }
+
+  // The kCandidates fastest half-block splits of the layouts whose bound is under the bar's final value.
+  void settle() {
+    const double b = bar();
+    std::erase_if(half_finalists, [&](const auto& h) { return h.first >= b; });
+    std::sort(half_finalists.begin(), half_finalists.end(),
+              [](const auto& x, const auto& y) { return earlier(x.second, y.second); });
+    if (half_finalists.size() > kCandidates) half_finalists.resize(kCandidates);
   }
 
-  // The lower bound depends only on which devices are used, not on their order: check it once per choice.
-  bool bound_prunes(const std::vector<std::vector<TypeOption>>& options, const std::vector<size_t>& pick) {
-    double rate = 0;
+  // What a layout's stages bound its step by, whatever their order: each stage's FLOP rate (all its replicas at the
+  // chip's full rate), and its time per block at its fastest (no recomputation; a mixed stage's fastest share) tau
+  // with how far a stage boundary inside a block can take a stage below its share of blocks times tau: a stage of
+  // a attention and m MLP halves (|a - m| <= 1) takes a t_a + m t_m >= (a + m) / 2 (t_a + t_m) - |t_m - t_a| / 2.
+  struct Bounds {
+    double rate_sum = 0, rate_most = 0;
+    double inverse_sum = 0, slack_over_tau = 0, slack = 0, fastest = kInf;  // over the stages that take layers
+    void add(double rate, double tau, double delta, int count, bool layers) {
+      rate_sum += count * rate;
+      rate_most = std::max(rate_most, rate);
+      if (!layers) return;
+      inverse_sum += count / tau;
+      slack_over_tau += count * delta / tau;
+      slack += count * delta;
+      fastest = std::min(fastest, tau);
+    }
+  };
+  // tau and delta (see Bounds) of a replica of `chip` at TP tp taking `rows` rows.
+  std::pair<double, double> block_time(int chip, int tp, int rows) const {
+    const CostModel::PieceTimes& t = c.piece_times(chip, tp, rows);
+    const int none = static_cast<int>(Recompute::kNone);
+    const double a = t.attention_forward_s + t.attention_backward_s[none];
+    const double m = t.mlp_forward_s + t.mlp_backward_s[none];
+    return {std::min(t.layer_forward_s + t.layer_backward_s[none], a + m), std::abs(m - a) / 2};
+  }
+
+  // No layout with these devices can be faster. A step's m micro-batches each carry the work w = W / m; stage i
+  // takes T_i per micro-batch, at least its part w_i of w at its rate R_i, and at least h_i tau_i - delta_i for its
+  // h_i of the L blocks. Then max T_i >= w / sum R, and >= T* where sum (T* + delta_i) / tau_i = L; sum T_i >= w /
+  // max R, and >= L min tau - sum delta. 1F1B's step (the closed form: sum T_i + (m - 1) max T_i, plus sends and
+  // what follows the pipeline) is at least each of those pairs; any schedule's at least m max T_i.
+  double step_bound(const Bounds& b, double m, bool one_f_one_b) const {
+    const double w = c.step_model_flops() / m, L = static_cast<double>(c.model().layers);
+    const double bottleneck = std::max(w / b.rate_sum, (L - b.slack_over_tau) / b.inverse_sum);
+    if (!one_f_one_b) return m * bottleneck;
+    const double way = std::max({w / b.rate_most, L * b.fastest - b.slack, 0.0});
+    return way + (m - 1) * bottleneck;
+  }
+
+  double micro_batches(const Layout& l) const {
+    return static_cast<double>(c.train().global_batch / (int64_t{l.dp} * l.micro_batch));
+  }
+
+  double lower_bound(const Layout& l) const {
+    Bounds b;
+    for (size_t i = 0; i < l.stages.size(); ++i) {
+      double rate = 0, tau = kInf, delta = 0;
+      l.for_each_share(i, [&](const Layout::Share& s) {
+        rate += l.stages[i].tp * s.replicas * c.flops_rate(s.chip);
+        const auto [t, d] = block_time(s.chip, l.stages[i].tp, s.rows);
+        if (t < tau) tau = t, delta = d;
+      });
+      b.add(rate, tau, delta, 1, !l.stages[i].vocabulary_only);
+    }
+    return step_bound(b, micro_batches(l), l.schedule == ScheduleKind::k1F1B);
+  }
+
+  // The lower bound depends only on which devices are used, not on their order: check it once per choice (of
+  // 1F1B layouts of dp pipelines and micro-batch b).
+  bool bound_prunes(const std::vector<std::vector<TypeOption>>& options, const std::vector<size_t>& pick, int dp,
+                    int b) {
+    Bounds bounds;
     for (size_t i = 0; i < options.size(); ++i) {
       const TypeOption& o = options[i][pick[i]];
-      rate += o.tp * o.stages * o.dp * c.flops_rate(chips[i]);
+      if (o.stages == 0) continue;
+      const auto [tau, delta] = block_time(chips[i], o.tp, dp * b / o.dp);
+      bounds.add(o.tp * o.dp * c.flops_rate(chips[i]), tau, delta, o.stages, true);
     }
+    if (bounds.rate_sum <= 0) return false;
+    const double m = static_cast<double>(c.train().global_batch / (int64_t{dp} * b));
+    const double bound = step_bound(bounds, m, true);
     std::lock_guard<std::mutex> lock(mu);
-    if (rate <= 0 || c.step_model_flops() / rate < best_step) return false;
+    if (bound < bar()) return false;
     ++pruned_bound;
     return true;
   }
@@ -1022,9 +1132,10 @@ struct Search {
       if (closest.what.empty() || f.shortfall_bytes < closest.shortfall_bytes) closest = f;
       return;
     }
+    const double least = lower_bound(l);
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (lower_bound(l) >= best_step) {
+      if (least >= bar()) {
         ++pruned_bound;
         return;
       }
@@ -1032,7 +1143,14 @@ struct Search {
     ++evaluated;
     FitFailure f;
     std::vector<StageTerms> terms = stage_terms(c, l);
-    const std::optional<Split> split = balanced_split(c, l, terms, &f);
+    // The bottleneck past which m x it alone would prune the layout (the bar only falls: the one read now is safe).
+    const double m = micro_batches(l);
+    double cutoff = kInf;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      cutoff = bar() / m;
+    }
+    const std::optional<Split> split = balanced_split(c, l, terms, &f, cutoff);
     if (!split) {
       // An end stage that cannot hold a layer beside the embedding or the head may still hold the vocabulary
       // alone (the vocabulary phase takes apart the ends of layouts that fit; these it tries as they are).
@@ -1044,40 +1162,43 @@ struct Search {
       if (closest.what.empty() || (f.shortfall_bytes > 0 && f.shortfall_bytes < closest.shortfall_bytes)) closest = f;
       return;
     }
-    // Every micro-batch passes the slowest stage: m x bottleneck bounds the step from below.
-    const double m = static_cast<double>(c.train().global_batch / (l.dp * l.micro_batch));
+    // Every micro-batch passes the slowest stage: m x bottleneck bounds the step from below; 1F1B's closed form is
+    // also at least (m - 1) x bottleneck plus the first micro-batch's way through the stages, each with its layers
+    // at its fastest (and that way is at least the slowest stage's time).
+    double bound = std::max(least, m * split->bottleneck_s);
+    if (!split->layers.empty() && l.schedule == ScheduleKind::k1F1B) {
+      double way = 0;
+      for (size_t i = 0; i < terms.size(); ++i) {
+        way += terms[i].extra_fwd_s + terms[i].extra_bwd_s + split->layers[i] * terms[i].layer_s(Recompute::kNone);
+      }
+      bound = std::max(bound, (m - 1) * split->bottleneck_s + way);
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (m * split->bottleneck_s >= best_step) {
+      if (split->layers.empty() || bound >= bar()) {
         ++pruned_bound;
         return;
       }
     }
-    std::vector<Plan> plans;  // the split in whole layers and, where it balances the stages better, in half-blocks
-    if (std::optional<Plan> p = score_terms(c, l, terms, split->layers, &f, {})) plans.push_back(std::move(*p));
-    if (opt.split_blocks && l.chunks == 1) {
+    std::optional<Plan> p = score_terms(c, l, terms, split->layers, &f, {}), h;
+    if (opt.split_blocks && l.chunks == 1) {  // the split in half-blocks too, where it balances the stages better
       for (StageTerms& t : terms) fill_half_memory(c, t);
       const std::optional<Split> halves = balanced_half_split(c, l, terms, *split);
       if (halves && halves->bottleneck_s < split->bottleneck_s * (1 - 1e-9)) {
-        if (std::optional<Plan> h = score_terms(c, l, terms, halves->layers, &f, ScoreOptions{.halves = true})) {
-          plans.push_back(std::move(*h));
-        }
+        h = score_terms(c, l, terms, halves->layers, &f, ScoreOptions{.halves = true});
       }
     }
     std::lock_guard<std::mutex> lock(mu);
-    for (Plan& p : plans) {
-      const bool halves = std::any_of(p.stages.begin(), p.stages.end(),
-                                      [](const StagePlan& st) { return st.starts_at_mlp || st.ends_at_attention; });
-      // The closed form ranks; the best kCandidates are replayed at the end (finalists).
-      std::vector<Plan>& pool = halves ? half_finalists : finalists;
-      if (pool.size() < kCandidates || p.step_s < pool.back().step_s) {
-        pool.insert(std::upper_bound(pool.begin(), pool.end(), p,
-                                     [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; }),
-                    p);
-        if (pool.size() > kCandidates) pool.pop_back();
+    if (h) {
+      half_finalists.emplace_back(bound, std::move(*h));
+      if (half_finalists.size() > 64 * kCandidates) {  // those that can no longer be kept
+        std::erase_if(half_finalists, [&](const auto& x) { return x.first >= bar(); });
       }
-      if (!halves && p.step_s < best_step) {
-        best_step = p.step_s;
+    }
+    if (p) {
+      finalists.add(*p);
+      if (!best || earlier(*p, *best)) {
+        best_step = p->step_s;
         best = std::move(p);
       }
     }
@@ -1085,14 +1206,13 @@ struct Search {
 
   // The finalists by the replay of their schedule: the plan returned is the fastest the simulator would say.
   void pick_by_replay() {
-    if (finalists.empty()) return;
-    for (Plan& p : finalists) score_by_replay(c, p);
-    for (Plan& p : half_finalists) score_by_replay(c, p);
+    if (finalists.plans.empty()) return;
+    for (Plan& p : finalists.plans) score_by_replay(c, p);
+    for (auto& h : half_finalists) score_by_replay(c, h.second);
     const auto faster = [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; };
-    best = *std::min_element(finalists.begin(), finalists.end(), faster);
-    if (!half_finalists.empty()) {
-      const Plan& half = *std::min_element(half_finalists.begin(), half_finalists.end(), faster);
-      if (half.step_s < best->step_s) best = half;
+    best = *std::min_element(finalists.plans.begin(), finalists.plans.end(), faster);  // the first of equals
+    for (const auto& h : half_finalists) {
+      if (h.second.step_s < best->step_s) best = h.second;
     }
   }
 
@@ -1116,7 +1236,7 @@ struct Search {
         total += n;
         if (n > 0) used.push_back(static_cast<int>(i));
       }
-      if (total >= 1 && total <= c.model().layers && !bound_prunes(options, pick)) {
+      if (total >= 1 && total <= c.model().layers && !bound_prunes(options, pick, dp, b)) {
         for (const std::vector<int>& order : orders(used)) {
           Layout l{dp, b, {}};
           for (int i : order) {
@@ -1229,14 +1349,24 @@ struct Search {
   // embedding or head bounds its stage's memory or time (a large vocabulary beside few layers), the stages of
   // layers take more layers or recompute less.
   void vocabulary() {
-    std::vector<std::pair<double, Layout>> alone;
-    for (Layout& l : std::exchange(ends_alone, {})) alone.emplace_back(lower_bound(l), std::move(l));
+    // Those under the bar, which every thread order gives (see bar()), in the order of their bound, then of their
+    // stages (layouts of the same devices have the same bound).
+    std::vector<std::tuple<double, std::vector<int>, Layout>> alone;
+    for (Layout& l : std::exchange(ends_alone, {})) {
+      const double b = lower_bound(l);
+      if (b >= bar()) continue;
+      std::vector<int> stages{l.dp, l.micro_batch};
+      for (const Layout::Slot& s : l.stages) stages.insert(stages.end(), {s.chip, s.tp, s.dp});
+      alone.emplace_back(b, std::move(stages), std::move(l));
+    }
     const size_t n = std::min(alone.size(), kCandidates);
     std::partial_sort(alone.begin(), alone.begin() + static_cast<std::ptrdiff_t>(n), alone.end(),
-                      [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (size_t i = 0; i < n; ++i) consider(alone[i].second);
+                      [](const auto& a, const auto& b) {
+                        return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+                      });
+    for (size_t i = 0; i < n; ++i) consider(std::get<2>(alone[i]));
     std::vector<Layout> layouts;
-    for (const Plan& p : finalists) layouts.push_back(layout_of(p, c.cluster()));
+    for (const Plan& p : finalists.plans) layouts.push_back(layout_of(p, c.cluster()));
     for (const Layout& l : layouts) {
       if (l.stages.size() < 2 || l.schedule != ScheduleKind::k1F1B ||
           std::any_of(l.stages.begin(), l.stages.end(), [](const Layout::Slot& s) { return s.vocabulary_only; })) {
@@ -1279,7 +1409,7 @@ struct Search {
   // per stage for a bubble divided by the chunks.
   void interleave() {
     std::vector<Layout> layouts;
-    for (const Plan& p : finalists) layouts.push_back(layout_of(p, c.cluster()));
+    for (const Plan& p : finalists.plans) layouts.push_back(layout_of(p, c.cluster()));
     for (const Layout& base : layouts) {
       const int64_t m = c.train().global_batch / (int64_t{base.dp} * base.micro_batch);
       const int p = static_cast<int>(base.stages.size());
@@ -1489,6 +1619,7 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     if (failed) std::rethrow_exception(failed);
     if (search.out_of_time) break;
   }
+  search.settle();
   if (options.mixed_stages) search.mixed();
   search.refine();
   search.reshape();
@@ -1525,9 +1656,10 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
                     search.closest.what.empty() ? "no layout was found" : search.closest.what,
                     ". Hint: allow full recomputation, enable ZeRO-1, or add devices with more memory"));
   }
+  search.settle();
   search.pick_by_replay();
   Plan plan = *search.best;
-  plan.why = cat("fastest by its schedule's replay of the ", search.finalists.size(), " best of ",
+  plan.why = cat("fastest by its schedule's replay of the ", search.finalists.plans.size(), " best of ",
                  search.evaluated.load(), " costed layouts",
                  search.half_finalists.empty()
                      ? std::string()
