@@ -578,6 +578,7 @@ TEST(BuiltInExample, UniformSplitFitsOnlyByRecomputingEverythingOnTheFastChips) 
   EXPECT_EQ(uniform->stages[1].chip, "fast");
   EXPECT_EQ(uniform->stages[1].layers, 2);
   EXPECT_EQ(uniform->stages[1].recompute, Recompute::kFull);
+  EXPECT_EQ(uniform->stages[1].recompute_blocks, -1);  // both blocks, not only the first
   EXPECT_LT(plan.step_s, uniform->step_s);
   setup.allowed_recompute = {Recompute::kNone, Recompute::kSelective};
   EXPECT_FALSE(plan_uniform(CostModel(cluster, model, setup), layout_of(plan, cluster)).has_value());
