@@ -125,7 +125,7 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
       if (s.layout.chunks > 1) n.at("recompute_blocks").fail("is for stages of one chunk, not interleaved");
       blocks = int_field(n, "recompute_blocks", 1);
     }
-    return std::pair{r, blocks};
+    return GivenRecompute{r, blocks};
   };
   const std::vector<ConfigNode> stages = root.at("stages").items();
   for (const ConfigNode& n : stages) {
@@ -143,7 +143,7 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
       n.at("layers").fail(cat("must be a whole or half number of layers in [0, ", c.model().layers, "], got ", layers));
     }
     Layout::Slot slot{0, int_field(n, "tp", 1), n.has("dp") ? int_field(n, "dp", 1) : 0};
-    std::vector<std::pair<std::optional<Recompute>, int64_t>> shares;  // a mixed stage's, each its own
+    std::vector<GivenRecompute> shares;  // a mixed stage's, each its own
     if (n.has("mix")) {
       // Replicas of several chip types with their shares of a micro-batch: [{chip: A100, replicas: 2, rows: 3}, ..].
       if (n.has("chip") || n.has("dp")) n.at("mix").fail("a stage gives either chip (and dp) or mix, not both");
@@ -162,10 +162,8 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
     s.layout.stages.push_back(slot);
     s.layers.push_back(static_cast<int>(2 * layers));
     s.halves = s.halves || layers != std::floor(layers);
-    const auto [r, blocks] = recompute_of(n);
-    s.recompute.push_back(r);
-    s.recompute_blocks.push_back(blocks);
-    s.share_recompute.push_back(std::move(shares));
+    s.recompute.push_back(recompute_of(n));
+    s.recompute.back().shares = std::move(shares);
   }
   if (!s.halves) {
     for (int& layers : s.layers) layers /= 2;
@@ -233,11 +231,9 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
     }
     s.layers.push_back(plan.stages[i].halves());
     s.halves = s.halves || plan.stages[i].starts_at_mlp || plan.stages[i].ends_at_attention;
-    s.recompute.push_back(plan.stages[i].recompute);
-    s.recompute_blocks.push_back(plan.stages[i].recompute_blocks);
-    s.share_recompute.emplace_back();
+    s.recompute.push_back({plan.stages[i].recompute, plan.stages[i].recompute_blocks});
     for (const ReplicaGroup& g : plan.stages[i].groups)
-      s.share_recompute.back().push_back({g.recompute, g.recompute_blocks});
+      s.recompute.back().shares.push_back({g.recompute, g.recompute_blocks});
   }
   if (!s.halves) {
     for (size_t i = 0; i < plan.stages.size(); ++i) s.layers[i] = plan.stages[i].layers;
@@ -251,12 +247,9 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
 
 Plan cost_layout(const CostModel& c, const LayoutSpec& s) {
   FitFailure failure;
-  std::optional<Plan> plan = score_split(c, s.layout, s.layers, &failure,
-                                         ScoreOptions{.recompute = s.recompute,
-                                                      .recompute_blocks = s.recompute_blocks,
-                                                      .share_recompute = s.share_recompute,
-                                                      .require_fit = false,
-                                                      .halves = s.halves});
+  std::optional<Plan> plan =
+      score_split(c, s.layout, s.layers, &failure,
+                  ScoreOptions{.recompute = s.recompute, .require_fit = false, .halves = s.halves});
   H2_CHECK(plan.has_value()) << "a plan is scored whether or not it fits";
   score_by_replay(c, *plan);
   plan->why = "costed as given (--layout)";

@@ -31,10 +31,7 @@ struct LayoutSpec {
   Layout layout;
   std::vector<int> layers;  // per stage; half-blocks with `halves`
   bool halves = false;      // a stage boundary inside a block (ScoreOptions::halves): the layers are half-blocks
-  std::vector<std::optional<Recompute>> recompute;  // per stage
-  std::vector<int64_t> recompute_blocks;            // per stage: on its first this many blocks; -1: all
-  // Per stage: a mixed stage's shares' own recomputation (a plan's groups; ScoreOptions::share_recompute).
-  std::vector<std::vector<std::pair<std::optional<Recompute>, int64_t>>> share_recompute;
+  std::vector<GivenRecompute> recompute;  // per stage
 };
 
 // Reads and checks a layout against the cluster (chip types, devices enough for every stage, TP within a node),

@@ -453,13 +453,13 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
       return RecomputeChoice{r, r == Recompute::kNone || blocks >= q.blocks() ? -1 : blocks};
     };
     const auto given = [&](size_t k) -> std::optional<RecomputeChoice> {
-      if (!options.share_recompute.empty() && !options.share_recompute[static_cast<size_t>(i)].empty()) {
-        const auto [r, blocks] = options.share_recompute[static_cast<size_t>(i)].at(k);
-        if (r) return normal(*r, blocks);
+      if (options.recompute.empty()) return std::nullopt;
+      const GivenRecompute& stage = options.recompute.at(static_cast<size_t>(i));
+      if (!stage.shares.empty() && stage.shares.at(k).recompute) {
+        return normal(*stage.shares[k].recompute, stage.shares[k].blocks);
       }
-      if (options.recompute.empty() || !options.recompute[static_cast<size_t>(i)]) return std::nullopt;
-      return normal(*options.recompute[static_cast<size_t>(i)],
-                    options.recompute_blocks.empty() ? -1 : options.recompute_blocks[static_cast<size_t>(i)]);
+      if (!stage.recompute) return std::nullopt;
+      return normal(*stage.recompute, stage.blocks);
     };
     bool found = true;  // a recomputation was given, or one fits on every chip type of the stage
     const auto recompute_of = [&](const StageTerms& share, size_t k) {

@@ -94,15 +94,18 @@ struct FitFailure {
 // The best plan, or Error(kInvalidArgument) when nothing fits, naming the constraint that fails and by how much.
 Plan plan_training(const CostModel& costs, const PlannerOptions& options, SearchStats* stats = nullptr);
 
+// A stage's recomputation as a layout file or a plan gives it.
+struct GivenRecompute {
+  std::optional<Recompute> recompute;  // absent: the fastest allowed choice under which the stage fits
+  int64_t blocks = -1;                 // on its first this many blocks; -1: all
+  // A stage whose replicas mix chip types: each share's own, in the layout's order of its shares (a plan's groups);
+  // empty, or a share's recompute absent: the stage's.
+  std::vector<GivenRecompute> shares = {};
+};
+
 struct ScoreOptions {
-  // Per stage (or empty): the recomputation to use; where absent, the fastest allowed choice under which it fits.
-  std::vector<std::optional<Recompute>> recompute;
-  std::vector<int64_t> recompute_blocks;  // per stage (or empty): on its first this many blocks; -1: all
-  // Per stage (or empty): for a stage whose replicas mix chip types, each share's own recomputation and count of
-  // first blocks, in the layout's order of its shares (a plan's groups); empty for a stage, or absent for a share:
-  // the stage's `recompute`.
-  std::vector<std::vector<std::pair<std::optional<Recompute>, int64_t>>> share_recompute;
-  bool require_fit = true;  // false: a layout over its devices' memory still gets a plan, with fits false
+  std::vector<GivenRecompute> recompute;  // per stage, or empty: each the fastest that fits
+  bool require_fit = true;                // false: a layout over its devices' memory still gets a plan, with fits false
   // The layers per stage are half-blocks (a block's attention half, then its MLP half): a stage boundary may fall
   // inside a block (model/gpt.h's GptRange). One chunk per stage only.
   bool halves = false;

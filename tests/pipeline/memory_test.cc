@@ -58,8 +58,7 @@ Plan planned(const Case& c, const Cluster& cluster) {
   const Layout layout{c.dp, 1, {{0, c.tp}, {0, c.tp}, {0, c.tp}}};
   const std::optional<Plan> plan =
       score_split(costs, layout, {1, 2, 1}, nullptr,
-                  ScoreOptions{.recompute = {c.recompute, c.recompute, c.recompute},
-                               .recompute_blocks = {c.recompute_blocks, c.recompute_blocks, c.recompute_blocks},
+                  ScoreOptions{.recompute = std::vector<GivenRecompute>(3, {c.recompute, c.recompute_blocks}),
                                .require_fit = false});
   EXPECT_TRUE(plan.has_value());
   return *plan;

@@ -406,7 +406,7 @@ TEST(CostModel, TheTiedEmbeddingIsSummedAsTheRuntimeSumsIt) {
     spec.layout.micro_batch = 1;
     spec.layout.stages = {{.chip = 0, .tp = tp_first, .dp = 1}, {.chip = 2, .tp = tp_last, .dp = 1}};
     spec.layers = {1, 1};
-    spec.recompute = {Recompute::kFull, Recompute::kFull};
+    spec.recompute = {{Recompute::kFull}, {Recompute::kFull}};
     return cost_layout(costs, spec).stages.front().tied_allreduce_s;
   };
   const double bytes = 32'000.0 * 2'048 * 2;

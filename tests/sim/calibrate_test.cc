@@ -173,7 +173,7 @@ Plan costed(const Cluster& cluster, const std::vector<Layout::Slot>& stages, con
   spec.layout.micro_batch = 2;
   spec.layout.stages = stages;
   spec.layers = layers;
-  spec.recompute.assign(stages.size(), Recompute::kNone);
+  spec.recompute.assign(stages.size(), {Recompute::kNone});
   const TrainSetup setup{.global_batch = 8, .zero1 = false, .micro_batches = {2}};
   return cost_layout(CostModel(cluster, testing_util::small_model(4), setup), spec);
 }

@@ -343,16 +343,15 @@ TEST(Search, RecomputesOnlyTheFirstBlocksThatMustToFit) {
   double best = INFINITY;
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     for (int64_t j = -1; j <= 8; ++j) {
-      const std::optional<Plan> p = score_split(
-          costs, layout, {8}, nullptr, ScoreOptions{.recompute = {r}, .recompute_blocks = {j}, .require_fit = false});
+      const std::optional<Plan> p =
+          score_split(costs, layout, {8}, nullptr, ScoreOptions{.recompute = {{r, j}}, .require_fit = false});
       ASSERT_TRUE(p);
       if (p->fits) best = std::min(best, simulate(*p).step_s);
     }
   }
   EXPECT_NEAR(simulate(plan).step_s, best, 1e-9 * best);
-  const std::optional<Plan> fewer =
-      score_split(costs, layout, {8}, nullptr,
-                  ScoreOptions{.recompute = {Recompute::kFull}, .recompute_blocks = {3}, .require_fit = false});
+  const std::optional<Plan> fewer = score_split(
+      costs, layout, {8}, nullptr, ScoreOptions{.recompute = {{Recompute::kFull, 3}}, .require_fit = false});
   ASSERT_TRUE(fewer);
   EXPECT_FALSE(fewer->fits);
   EXPECT_LT(fewer->stages[0].backward_s, st.backward_s);  // a recomputed block costs its forward again
