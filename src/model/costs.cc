@@ -162,7 +162,7 @@ BlockHalves recomputed_halves(const StageMemorySpec& m, const BlockHalves& h) {
 }  // namespace
 
 BlockHalves first_blocks(const BlockHalves& h, int64_t count) {
-  const int64_t n = h.whole + h.attention + h.mlp;
+  const int64_t n = h.blocks();
   const int64_t j = count < 0 ? n : std::min(count, n);
   const int64_t mlp = std::min(j, h.mlp);
   return {std::min(j - mlp, h.whole), j == n ? h.attention : 0, mlp};

@@ -139,6 +139,8 @@ struct StageMemorySpec {
 // start (a stage boundary inside a block).
 struct BlockHalves {
   int64_t whole = 0, attention = 0, mlp = 0;
+  int64_t blocks() const { return whole + attention + mlp; }  // a half counting as one
+  BlockHalves operator-(const BlockHalves& o) const { return {whole - o.whole, attention - o.attention, mlp - o.mlp}; }
 };
 // The first `count` of them (-1: all) in the order the stage holds them — its MLP half, its whole blocks, its
 // attention half: which recompute when only its first recompute_blocks do.

@@ -24,17 +24,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // A stage's blocks by what it holds of them, from half-block `first` to `end` (a block is two half-blocks, its
 // attention half first): whole blocks, a lone MLP half at its start, a lone attention half at its end.
-struct Pieces {
-  int64_t whole = 0, attention = 0, mlp = 0;
-  int64_t blocks() const { return whole + attention + mlp; }
-  Pieces operator-(const Pieces& o) const { return {whole - o.whole, attention - o.attention, mlp - o.mlp}; }
-};
-// The first `redo` of q's blocks (-1: all), as model/costs.h's recompute_blocks counts them.
-Pieces recomputed(const Pieces& q, int64_t redo) {
-  const BlockHalves b = first_blocks({q.whole, q.attention, q.mlp}, redo);
-  return {b.whole, b.attention, b.mlp};
-}
-Pieces pieces(int64_t first, int64_t end) {
+BlockHalves pieces(int64_t first, int64_t end) {
   if (end <= first) return {};
   const int64_t mlp = first % 2, attention = end - first - mlp > 0 ? end % 2 : 0;
   return {(end - first - mlp - attention) / 2, attention, mlp};
@@ -84,32 +74,32 @@ struct StageTerms {
     return slowest;
   }
   // Forward and backward of the blocks in `q` on one replica of this chip type (not its shares); the first `redo` of
-  // them (recomputed(); -1: all) under r, the rest under none.
-  double forward_s(const Pieces& q) const {
+  // them (first_blocks(); -1: all) under r, the rest under none.
+  double forward_s(const BlockHalves& q) const {
     return static_cast<double>(q.whole) * fwd_layer_s + static_cast<double>(q.attention) * fwd_attention_s +
            static_cast<double>(q.mlp) * fwd_mlp_s;
   }
-  double backward_s(const Pieces& q, Recompute r, int64_t redo = -1) const {
-    const auto sum = [&](const Pieces& part, int i) {
+  double backward_s(const BlockHalves& q, Recompute r, int64_t redo = -1) const {
+    const auto sum = [&](const BlockHalves& part, int i) {
       return static_cast<double>(part.whole) * bwd_layer_s[i] +
              static_cast<double>(part.attention) * bwd_attention_s[i] + static_cast<double>(part.mlp) * bwd_mlp_s[i];
     };
-    const Pieces redone = recomputed(q, redo);
+    const BlockHalves redone = first_blocks(q, redo);
     return sum(redone, static_cast<int>(r)) + sum(q - redone, 0);
   }
   // Bytes per device of the blocks in `q` on this chip type, the first `redo` recomputing under r, the rest none.
-  double bytes(const Pieces& q, Recompute r, int64_t redo = -1) const {
-    const auto sum = [&](const Pieces& part, int i) {
+  double bytes(const BlockHalves& q, Recompute r, int64_t redo = -1) const {
+    const auto sum = [&](const BlockHalves& part, int i) {
       return static_cast<double>(part.whole) * per_layer_bytes[i] +
              static_cast<double>(part.attention) * attention_bytes[i] + static_cast<double>(part.mlp) * mlp_bytes[i];
     };
-    const Pieces redone = recomputed(q, redo);
+    const BlockHalves redone = first_blocks(q, redo);
     return fixed_bytes[redone.blocks() > 0 ? static_cast<int>(r) : 0] + sum(redone, static_cast<int>(r)) +
            sum(q - redone, 0) + kRoundingBytes;
   }
-  bool fits(const Pieces& q, Recompute r, int64_t redo = -1) const { return bytes(q, r, redo) <= usable_bytes; }
+  bool fits(const BlockHalves& q, Recompute r, int64_t redo = -1) const { return bytes(q, r, redo) <= usable_bytes; }
   // The fewest of q's first blocks that must recompute under r for q to fit on this chip type; -1: not even all.
-  int64_t least_redo(const Pieces& q, Recompute r) const {
+  int64_t least_redo(const BlockHalves& q, Recompute r) const {
     if (fits(q, Recompute::kNone)) return 0;
     if (!fits(q, r)) return -1;
     const int i = static_cast<int>(r);
@@ -156,7 +146,7 @@ struct StageTerms {
   int64_t most_halves_partial(Recompute r, double bound, int64_t first, int64_t limit, int64_t least) const {
     const double room = bound - extra_fwd_s - extra_bwd_s + 1e-9 * (fwd_layer_s + bwd_layer_s[0]);
     const auto within = [&](int64_t k) {
-      const Pieces q = pieces(first, first + k);
+      const BlockHalves q = pieces(first, first + k);
       const int64_t j = least_redo(q, r);
       return j >= 0 && forward_s(q) + backward_s(q, r, j) <= room;
     };
@@ -384,7 +374,7 @@ struct RecomputeChoice {
 // few of the first as fit (partial); nullopt when none fits.
 std::optional<RecomputeChoice> fastest_fit(const std::vector<Recompute>& choices,
                                            const std::vector<Recompute>& partials, const StageTerms& t,
-                                           const Pieces& q) {
+                                           const BlockHalves& q) {
   std::optional<RecomputeChoice> best;
   double best_s = kInf;
   for (Recompute r : choices) {
@@ -444,7 +434,7 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
   for (int i = 0; i < p; ++i) {
     const StageTerms& t = terms[static_cast<size_t>(i)];
     const int n = layers[static_cast<size_t>(i)];
-    const Pieces q = options.halves ? pieces(first, first + n) : Pieces{.whole = n};
+    const BlockHalves q = options.halves ? pieces(first, first + n) : BlockHalves{.whole = n};
     H2_CHECK(!options.halves || t.attention_bytes[0] > 0) << "half-blocks scored without fill_half_memory";
     // Per chip type of the stage (its k-th share): the given recomputation, else the fastest under which n layers fit
     // on it. As a plan holds it: recomputing 0 blocks is none, all of them (or more) -1.
@@ -1011,7 +1001,6 @@ struct Search {
   // tries the kCandidates of them with the lowest bound as vocabulary-only stages (all of them, thousands on the
   // 1,024-chip example, cost a third of the search's time and change none of its plans).
   std::vector<Layout> ends_alone;
-  double best_step = kInf;
   FitFailure closest;  // the failure with the smallest memory shortfall, for the error when nothing fits
   std::atomic<int64_t> layouts{0}, pruned_memory{0}, pruned_bound{0}, evaluated{0};
   std::atomic<bool> out_of_time{false};
@@ -1197,10 +1186,7 @@ struct Search {
     }
     if (p) {
       finalists.add(*p);
-      if (!best || earlier(*p, *best)) {
-        best_step = p->step_s;
-        best = std::move(p);
-      }
+      if (!best || earlier(*p, *best)) best = std::move(p);
     }
   }
 
@@ -1280,7 +1266,7 @@ struct Search {
   void reshape() {
     const std::vector<int>& sizes = c.train().micro_batches;
     for (int round = 0; round < 16 && best; ++round) {
-      const double before = best_step;
+      const double before = best->step_s;
       const Layout best_layout = layout_of(*best, c.cluster());
       if (std::any_of(best_layout.stages.begin(), best_layout.stages.end(),
                       [](const Layout::Slot& s) { return !s.mix.empty(); })) {
@@ -1303,7 +1289,7 @@ struct Search {
         if (b != best_layout.micro_batch) consider(l);
         reshape_blocks(l);
       }
-      if (!(best_step < before)) break;
+      if (!(best->step_s < before)) break;
     }
   }
 
