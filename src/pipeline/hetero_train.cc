@@ -42,52 +42,29 @@ StageLayout stage_layout_of(const Plan& plan) {
 }
 
 void check_plan_runs(const Plan& plan, const GptConfig& model) {
+  check_plan(plan, "plan");  // the stages cover the blocks in order, replicas divide a micro-batch, chunks fit
   const auto fail = [](const std::string& what) { throw Error(ErrorCode::kConfig, cat("plan: ", what)); };
-  if (plan.stages.empty()) fail("has no stages");
+  const TransformerShape& s = plan.shape;
+  if (s.layers != model.n_layer || s.heads != model.n_head || s.hidden != model.n_embd || s.vocab != model.vocab_size ||
+      s.seq_len != model.seq_len) {
+    fail(cat("made for a model of ", s.layers, " blocks x ", s.hidden, " (", s.heads, " heads, vocabulary ", s.vocab,
+             ", ", s.seq_len, " tokens); the run's model has ", model.n_layer, " x ", model.n_embd, " (", model.n_head,
+             ", ", model.vocab_size, ", ", model.seq_len, "): plan again with the run's model"));
+  }
   if (plan.schedule == ScheduleKind::kGPipe) {
     fail("schedule gpipe: h2 train runs 1F1B and interleaved 1F1B; plan again, or set \"schedule\": \"1f1b\"");
   }
   if (plan.chunks > 1 && plan.stages.size() < 2) {
     fail(cat("chunks ", plan.chunks, ": interleaving needs at least two stages; set \"chunks\": 1"));
   }
-  if (plan.num_micro_batches < 1 || plan.global_batch % plan.num_micro_batches != 0) {
-    fail(cat("global_batch ", plan.global_batch, " is not a whole number of num_micro_batches (",
-             plan.num_micro_batches, ")"));
-  }
-  const int64_t rows = plan.global_batch / plan.num_micro_batches;
-  int64_t next_half = 0;  // half-blocks: a stage may begin at a block's MLP half
   for (size_t i = 0; i < plan.stages.size(); ++i) {
-    const StagePlan& s = plan.stages[i];
-    const std::string where = cat("stage ", i, " (", s.chip, "): ");
-    if (plan.chunks > 1 && s.layers < plan.chunks) {
-      fail(cat(where, s.layers, " layers for ", plan.chunks, " chunks; each chunk needs at least one"));
-    }
-    if (plan.chunks > 1 && (s.starts_at_mlp || s.ends_at_attention)) {
-      fail(cat(where, "interleaved stages hold whole blocks; a boundary inside a block needs 1f1b"));
-    }
-    if (s.start_half() != next_half || s.layers < 0 || s.layers > model.n_layer ||
-        ((s.starts_at_mlp || s.ends_at_attention) && s.halves() < 1)) {
-      fail(cat(where, "first_layer ", s.first_layer, s.starts_at_mlp ? " (from its MLP half)" : "", " with ", s.layers,
-               " layers; the stages must cover blocks 0..", model.n_layer - 1, " in order",
-               next_half % 2 == 1 ? ", this one from the MLP half of the block the stage before ends in" : ""));
-    }
-    if ((s.starts_at_mlp && s.embedding) || (s.ends_at_attention && s.head)) {
-      fail(cat(where, "the embedding's stage starts, and the head's ends, with a whole block"));
-    }
-    next_half += s.halves();
-    if (s.embedding != (i == 0) || s.head != (i + 1 == plan.stages.size())) {
+    const StagePlan& st = plan.stages[i];
+    const std::string where = cat("stage ", i, " (", st.chip, "): ");
+    if (st.embedding != (i == 0) || st.head != (i + 1 == plan.stages.size())) {
       fail(cat(where, "only the first stage may hold the embedding and only the last the head"));
     }
-    if (s.tp < 1 || model.n_head % s.tp != 0) {
-      fail(cat(where, "tp ", s.tp, " does not divide the model's ", model.n_head, " heads"));
-    }
-    if (s.groups.empty() && (s.dp < 1 || rows % s.dp != 0)) {
-      fail(cat(where, "dp ", s.dp, " does not divide a micro-batch of ", rows, " sequences (global_batch / ",
-               "num_micro_batches)"));
-    }
-  }
-  if (next_half != 2 * model.n_layer) {
-    fail(cat("the stages hold ", next_half / 2.0, " blocks; the model has ", model.n_layer));
+    if (model.n_head % st.tp != 0)
+      fail(cat(where, "tp ", st.tp, " does not divide the model's ", model.n_head, " heads"));
   }
 }
 

@@ -37,10 +37,11 @@ struct HeteroRun {
 // The ranks a plan runs on: each stage's replicas and tensor-parallel degree, and its chunks per stage.
 StageLayout stage_layout_of(const Plan& plan);
 
-// Error(kConfig) naming the stage and field when the runtime cannot run `plan` on `model`: stages that do not
-// cover the blocks in order, the embedding not first or the head not last, a TP degree that does not divide
-// the heads, replicas that do not divide a micro-batch, GPipe (1F1B and interleaved 1F1B run: a rank runs one
-// range of blocks per chunk), interleaving on one stage or with fewer layers than chunks on a stage.
+// Error(kConfig) naming the stage and field when the runtime cannot run `plan` on `model`: what check_plan refuses
+// (stages that do not cover the blocks in order, replicas that do not divide a micro-batch, fewer layers than
+// chunks on a stage, ...), a plan made for another model, the embedding not first or the head not last, a TP
+// degree that does not divide the heads, GPipe (1F1B and interleaved 1F1B run: a rank runs one range of blocks
+// per chunk), interleaving on one stage.
 void check_plan_runs(const Plan& plan, const GptConfig& model);
 
 // The GPT configuration the planner's model file describes (layers, hidden, heads, vocab, seq_len).

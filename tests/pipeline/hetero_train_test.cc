@@ -153,24 +153,40 @@ TEST(ClusterJobPlanner, InterleavesOnlyWithoutEmulatedChips) {
 TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
   const GptConfig model{.n_layer = 4, .n_head = 2, .n_embd = 32, .vocab_size = 64, .seq_len = 16};
   Plan plan;
+  plan.shape = {.layers = 4, .hidden = 32, .heads = 2, .kv_heads = 2, .ffn = 128, .vocab = 64, .seq_len = 16};
   plan.global_batch = 8;
+  plan.micro_batch = 4;
   plan.num_micro_batches = 2;
   plan.stages = {StagePlan{.chip = "fast", .tp = 2, .dp = 1, .first_layer = 0, .layers = 1, .embedding = true},
                  StagePlan{.chip = "slow", .tp = 1, .dp = 4, .first_layer = 1, .layers = 3, .head = true}};
   check_plan_runs(plan, model);  // 4 sequences per micro-batch: DP 4 takes one each
   EXPECT_EQ(stage_layout_of(plan).world_size(), 6);
+  // What a plan file's reader refuses too (check_plan), in its words.
   plan.stages[1].dp = 3;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
-              HasSubstr("stage 1 (slow): dp 3 does not divide a micro-batch of 4 sequences"));
+              HasSubstr("field 'stages[1].dp': 3 replicas do not divide a micro-batch's 4 sequences"));
   plan.stages[1].dp = 2;
   plan.stages[1].layers = 2;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
-              HasSubstr("the stages hold 3 blocks; the model has 4"));
+              HasSubstr("the stages hold 3 of the model's 4 layers"));
   plan.stages[1].layers = 3;
+  // A plan made for another model than the run's.
+  GptConfig deeper = model;
+  deeper.n_layer = 6;
+  EXPECT_THAT(
+      error_of([&] { check_plan_runs(plan, deeper); }, ErrorCode::kConfig),
+      HasSubstr("made for a model of 4 blocks x 32 (2 heads, vocabulary 64, 16 tokens); the run's model has 6"));
+  GptConfig wider = model;
+  wider.n_embd = 64;
+  EXPECT_THAT(error_of([&] { check_plan_runs(plan, wider); }, ErrorCode::kConfig), HasSubstr("plan again"));
   plan.stages[0].embedding = false;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
               HasSubstr("stage 0 (fast): only the first stage may hold the embedding"));
   plan.stages[0].embedding = true;
+  plan.stages[0].tp = 4;
+  EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
+              HasSubstr("stage 0 (fast): tp 4 does not divide the model's 2 heads"));
+  plan.stages[0].tp = 2;
   Plan vocabulary = plan;  // the head alone on the last stage, no blocks: runs without interleaving
   vocabulary.stages[0].layers = 4;
   vocabulary.stages[1].first_layer = 4;
@@ -182,7 +198,7 @@ TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
   plan.schedule = ScheduleKind::kInterleaved;
   plan.chunks = 2;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
-              HasSubstr("stage 0 (fast): 1 layers for 2 chunks; each chunk needs at least one"));
+              HasSubstr("2 chunks per stage, but a stage has only 1 layers"));
   plan.stages[0].layers = 2;
   plan.stages[1].first_layer = 2;
   plan.stages[1].layers = 2;
