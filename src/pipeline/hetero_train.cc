@@ -63,8 +63,9 @@ void check_plan_runs(const Plan& plan, const GptConfig& model) {
     if (st.embedding != (i == 0) || st.head != (i + 1 == plan.stages.size())) {
       fail(cat(where, "only the first stage may hold the embedding and only the last the head"));
     }
-    if (model.n_head % st.tp != 0)
+    if (model.n_head % st.tp != 0) {
       fail(cat(where, "tp ", st.tp, " does not divide the model's ", model.n_head, " heads"));
+    }
   }
 }
 
