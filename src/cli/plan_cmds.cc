@@ -46,19 +46,23 @@ int run_plan(const PlanCmd& o) {
   options.time_budget_s = o.budget;
   options.threads = o.threads;
   SearchStats stats;
-  Plan plan = plan_training(costs, options, &stats);
-  if (o.baseline == "uniform") {
-    FitFailure why;
-    std::optional<Plan> uniform = plan_uniform(costs, layout_of(plan, in.cluster), &why);
-    if (!uniform) throw Error(ErrorCode::kInvalidArgument, cat("the uniform split does not fit: ", why.what));
-    plan = *uniform;
-  } else if (!o.baseline.empty()) {
+  Plan plan;
+  if (!o.baseline.empty() && o.baseline != "uniform") {
+    // A chip type alone: its own search, and its counts under it (the mixed plan is not needed).
     const int chip = in.cluster.chip_index(o.baseline);
     if (chip < 0) {
       throw Error(ErrorCode::kNotFound,
                   cat("--baseline '", o.baseline, "' is neither 'uniform' nor a chip type of ", o.cluster));
     }
-    plan = plan_training(CostModel(in.cluster.only(chip), in.model, in.train), options);
+    plan = plan_training(CostModel(in.cluster.only(chip), in.model, in.train), options, &stats);
+  } else {
+    plan = plan_training(costs, options, &stats);
+  }
+  if (o.baseline == "uniform") {  // the plan's devices, its layers split evenly
+    FitFailure why;
+    std::optional<Plan> uniform = plan_uniform(costs, layout_of(plan, in.cluster), &why);
+    if (!uniform) throw Error(ErrorCode::kInvalidArgument, cat("the uniform split does not fit: ", why.what));
+    plan = *uniform;
   }
   plan.model = in.model_name;
   std::fputs(format_plan(plan).c_str(), stdout);

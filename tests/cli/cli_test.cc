@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "core/config.h"
@@ -199,6 +200,26 @@ TEST(CliPlan, NoInterleaveLeavesInterleavingOut) {
   ASSERT_EQ(without.status, 0) << without.output;
   EXPECT_THAT(without.output, Not(HasSubstr("interleaved")));
   EXPECT_THAT(without.output, HasSubstr("per pipeline, 1f1b"));
+}
+
+// h2 plan --baseline TYPE plans that chip type alone with its own search, and the search line under the plan counts
+// that search: the layouts its why line names (until 2026-12-06 it printed the mixed search's, 484 generated where
+// the slow chips alone had 67, after running that search for nothing). An unknown type is named.
+TEST(CliPlan, ABaselineIsCountedByItsOwnSearch) {
+  const std::string ex = std::string(H2_SOURCE_DIR) + "/examples/";
+  const std::string files =
+      " --cluster " + ex + "cluster_local.yaml --model " + ex + "model_small.yaml --train " + ex + "train_local.yaml";
+  const Result slow = run_h2("plan --baseline slow" + files);
+  ASSERT_EQ(slow.status, 0) << slow.output;
+  EXPECT_THAT(slow.output, HasSubstr("on cluster 'local-emu/slow'"));
+  std::smatch why, search;
+  ASSERT_TRUE(std::regex_search(slow.output, why, std::regex(R"(\((\d+) generated, (\d+) pruned for memory)")));
+  ASSERT_TRUE(std::regex_search(slow.output, search, std::regex(R"(search: (\d+) layouts generated, (\d+) pruned)")));
+  EXPECT_EQ(why[1], search[1]);
+  EXPECT_EQ(why[2], search[2]);
+  const Result tpu = run_h2("plan --baseline tpu" + files);
+  EXPECT_EQ(tpu.status, 1);
+  EXPECT_THAT(tpu.output, HasSubstr("--baseline 'tpu' is neither 'uniform' nor a chip type of"));
 }
 
 // What does this layout cost: h2 plan --layout writes the layout's plan; h2 simulate re-costs a plan with other
