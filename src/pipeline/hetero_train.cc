@@ -44,13 +44,7 @@ StageLayout stage_layout_of(const Plan& plan) {
 void check_plan_runs(const Plan& plan, const GptConfig& model) {
   check_plan(plan, "plan");  // the stages cover the blocks in order, replicas divide a micro-batch, chunks fit
   const auto fail = [](const std::string& what) { throw Error(ErrorCode::kConfig, cat("plan: ", what)); };
-  const TransformerShape& s = plan.shape;
-  if (s.layers != model.n_layer || s.heads != model.n_head || s.hidden != model.n_embd || s.vocab != model.vocab_size ||
-      s.seq_len != model.seq_len) {
-    fail(cat("made for a model of ", s.layers, " blocks x ", s.hidden, " (", s.heads, " heads, vocabulary ", s.vocab,
-             ", ", s.seq_len, " tokens); the run's model has ", model.n_layer, " x ", model.n_embd, " (", model.n_head,
-             ", ", model.vocab_size, ", ", model.seq_len, "): plan again with the run's model"));
-  }
+  check_plan_model(plan, model.shape(), "the run's model");
   if (plan.schedule == ScheduleKind::kGPipe) {
     fail("schedule gpipe: h2 train runs 1F1B and interleaved 1F1B; plan again, or set \"schedule\": \"1f1b\"");
   }

@@ -210,12 +210,7 @@ TrainSetup setup_of(const Plan& plan) {
 }
 
 LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
-  const TransformerShape& m = c.model();
-  if (plan.shape.layers != m.layers || plan.shape.hidden != m.hidden || plan.shape.heads != m.heads ||
-      plan.shape.vocab != m.vocab || plan.shape.seq_len != m.seq_len || plan.shape.ffn != m.ffn) {
-    throw Error(ErrorCode::kConfig, cat("the plan is of another model (", plan.shape.layers, " layers x ",
-                                        plan.shape.hidden, ") than the model file (", m.layers, " x ", m.hidden, ")"));
-  }
+  check_plan_model(plan, c.model(), "the model file");
   if (plan.global_batch != c.train().global_batch) {
     throw Error(ErrorCode::kConfig,
                 cat("the plan's global batch is ", plan.global_batch, ", the setup's ", c.train().global_batch));

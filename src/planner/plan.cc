@@ -424,6 +424,20 @@ void check_plan(const Plan& p, const std::string& source) {
   }
 }
 
+void check_plan_model(const Plan& plan, const TransformerShape& model, const std::string& whose) {
+  const TransformerShape& s = plan.shape;
+  if (s.layers == model.layers && s.hidden == model.hidden && s.heads == model.heads && s.ffn == model.ffn &&
+      s.vocab == model.vocab && s.seq_len == model.seq_len) {
+    return;
+  }
+  const auto shape = [](const TransformerShape& m) {  // the MLP's width only where it is not GPT's 4 x hidden
+    return cat(m.layers, " blocks x ", m.hidden, " (", m.heads, " heads, vocabulary ", m.vocab, ", ", m.seq_len,
+               " tokens)", m.ffn != 4 * m.hidden ? cat(", MLP ", m.ffn) : "");
+  };
+  throw Error(ErrorCode::kConfig, cat("plan: made for a model of ", shape(s), "; ", whose, " has ", shape(model),
+                                      ": plan again with ", whose));
+}
+
 std::vector<ChunkLayers> virtual_stages(const Plan& plan) {
   const int p = static_cast<int>(plan.stages.size()), v = plan.chunks;
   std::vector<ChunkLayers> out(static_cast<size_t>(p * v));

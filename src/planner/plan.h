@@ -133,6 +133,10 @@ ReplayResult replay_plan(const Plan& plan);
 // the stages).
 void check_plan(const Plan& plan, const std::string& source);
 
+// Error(kConfig) when `plan` was made for another model than `model` (blocks, width, heads, MLP width, vocabulary,
+// sequence length): its costs are not that model's. `whose` names the other model ("the model file").
+void check_plan_model(const Plan& plan, const TransformerShape& model, const std::string& whose);
+
 void save_plan(const Plan& plan, const std::string& path);  // atomic
 Plan load_plan(const std::string& path);
 

@@ -239,6 +239,12 @@ TEST(CliPlan, LayoutAndRecostingSimulation) {
   EXPECT_THAT(recosted.output, HasSubstr("re-costed with"));
   // The same figures give the same step (the first line after the re-costing note).
   EXPECT_THAT(recosted.output, HasSubstr(same.output.substr(0, same.output.find('\n'))));
+  // Re-costed with another model file (planner/plan.h, check_plan_model: the runtime's check too).
+  const Result other = run_h2("simulate " + plan + " --cluster " + ex + "cluster_local.yaml --model " + ex +
+                              "model_100b.yaml --train " + ex + "train_local.yaml");
+  EXPECT_EQ(other.status, 1);
+  EXPECT_THAT(other.output, HasSubstr("made for a model of 4 blocks x 256 (4 heads, vocabulary 50257, 256 tokens); "
+                                      "the model file has 80 blocks x 10240"));
   // A plan whose micro-batches contradict its batch.
   nlohmann::json j = nlohmann::json::parse(read_file(plan));
   j["num_micro_batches"] = 3;
