@@ -135,6 +135,18 @@ TEST(Pacer, AReferenceFixesTheWorkOfTheKernelsItLists) {
   EXPECT_EQ(pacer.least_work(), (KernelWork{{1, 0.008}, {2, 0.015}}));
 }
 
+// A kernel over which the thread's CPU clock did not advance (zero work: seen on a 2-core VM for kernels of up to
+// 17 us) counts its wall time, 2 ms: 4 ms at half speed, 2 ms to sleep; its least work is 2 ms, not zero, which
+// would pace it as free and which a cluster file's kernel_work refuses.
+TEST(Pacer, AKernelWithNoCpuTimeCountsItsWallTime) {
+  FakeTime time;
+  Pacer pacer = time.make(0.5, 0.0);
+  pacer.after_kernel(1, 0.0, 0.002);
+  ASSERT_EQ(time.sleeps.size(), 1u);
+  EXPECT_NEAR(time.sleeps[0], 0.002, 1e-12);
+  EXPECT_EQ(pacer.least_work(), (KernelWork{{1, 0.002}}));
+}
+
 // What the reference does not list keeps its proportion to what it lists: key 1, listed at 10 ms, did 20 ms here
 // (the host at half the profile's speed: drift 0.5), so key 2's 30 ms count 15 — 60 ms at quarter speed, 30 ms to
 // sleep. Key 1 at 16 ms later moves the drift to 10 / 16: key 2 then counts 18.75 ms, 75 ms at quarter speed.

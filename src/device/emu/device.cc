@@ -99,6 +99,10 @@ Pacer::Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep, std:
 // The kernel's wall time beyond its work (time slices given to other threads) pays for its idle time first; a
 // kernel slowed beyond its chip's time may cancel debt still unpaid but does not put the chip ahead.
 void Pacer::after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds, bool together) {
+  // A thread's CPU clock may not advance over a kernel of several microseconds (seen on a 2-core VM: zero in most
+  // profiles, for kernels of up to 17 us wall): such a kernel counts its wall time. A least work of zero would pace
+  // it as free, and h2 profile would write a kernel work that cluster files refuse.
+  if (!(work_seconds > 0.0)) work_seconds = wall_seconds;
   Least& least = least_work_.try_emplace(shape_key, Least{.work = work_seconds}).first->second;
   least.work = std::min(least.work, work_seconds);
   double work = least.work * drift();

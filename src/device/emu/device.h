@@ -74,7 +74,8 @@ class Pacer {
   Pacer(double speed, double bandwidth_gbps, Clock clock, Sleep sleep,
         std::shared_ptr<const KernelWork> reference = nullptr);
 
-  // A kernel of `shape_key` did `work_seconds` of work on the host (its CPU time) in `wall_seconds`; its work counts
+  // A kernel of `shape_key` did `work_seconds` of work on the host (its CPU time; when that is zero, its wall time)
+  // in `wall_seconds`; its work counts
   // as the reference's for that key, else as the least a kernel of that key has done times drift(). A kernel that
   // every rank runs at once (`together`: the optimizer step's, which start together after the gradient norm's
   // all-reduce) does not count toward drift(): its least work here is its work beside the other ranks' streams,
