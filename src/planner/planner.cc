@@ -12,6 +12,7 @@
 #include <span>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -200,8 +201,39 @@ struct StageTerms {
   static constexpr double kRoundingBytes = 4096;  // ZeRO-1's rounded-up shards
 };
 
-// A stage's embedding or head work and its memory terms, given its chip, TP, rows, replicas, place and chunks.
-void fill_memory(const CostModel& c, StageTerms& t) {
+// The memory terms of the stages a search has costed (fill_memory's, and fill_half_memory's once asked), by
+// everything they depend on (the model and the setup are the search's): a search costs the same stages in layout
+// after layout, and asking stage_memory for them each time was most of its time. One per search thread, not shared.
+struct MemoryTerms {
+  double per_layer_bytes[3], fixed_bytes[3], state_layer_bytes, empty_bytes;
+  int64_t caps[3];
+  bool halves = false;  // attention_bytes and mlp_bytes filled
+  double attention_bytes[3], mlp_bytes[3];
+};
+struct MemoryKey {
+  int chip, tp, rows, optimizer_shards, in_flight;
+  bool embedding, head;
+  std::vector<int> chunk_in_flight;
+  bool operator==(const MemoryKey&) const = default;
+};
+struct MemoryKeyHash {
+  size_t operator()(const MemoryKey& k) const {
+    size_t h = 0;
+    const auto mix = [&h](int64_t x) { h = (h ^ static_cast<size_t>(x)) * 1099511628211ull; };  // FNV-1a's prime
+    for (int x : {k.chip, k.tp, k.rows, k.optimizer_shards, k.in_flight, 2 * int{k.embedding} + int{k.head}}) mix(x);
+    for (int x : k.chunk_in_flight) mix(x);
+    return h;
+  }
+};
+using MemoryCache = std::unordered_map<MemoryKey, MemoryTerms, MemoryKeyHash>;
+
+MemoryKey memory_key(const StageTerms& t) {  // t with its spec set
+  return {t.chip, t.tp, t.rows, t.spec.optimizer_shards, t.in_flight, t.embedding, t.head, t.chunk_in_flight};
+}
+
+// A stage's embedding or head work and its memory terms, given its chip, TP, rows, replicas, place and chunks; the
+// memory terms from `cache` when it has them.
+void fill_memory(const CostModel& c, StageTerms& t, MemoryCache* cache = nullptr) {
   if (t.embedding) {
     t.extra_fwd_s += t.times->embedding_forward_s;
     t.extra_bwd_s += t.times->embedding_backward_s;
@@ -217,6 +249,17 @@ void fill_memory(const CostModel& c, StageTerms& t) {
                            .tp = t.tp,
                            .optimizer_shards = c.train().zero1 ? t.dp : 1,
                            .in_flight = t.in_flight};
+  if (cache != nullptr) {
+    if (const auto it = cache->find(memory_key(t)); it != cache->end()) {
+      const MemoryTerms& terms = it->second;
+      std::copy_n(terms.per_layer_bytes, 3, t.per_layer_bytes);
+      std::copy_n(terms.fixed_bytes, 3, t.fixed_bytes);
+      std::copy_n(terms.caps, 3, t.caps);
+      t.state_layer_bytes = terms.state_layer_bytes;
+      t.empty_bytes = terms.empty_bytes;
+      return;
+    }
+  }
   // Affine from one and two layers per chunk (exact when the chunks' layers are equal).
   const int v = std::max<int>(1, static_cast<int>(t.chunk_in_flight.size()));
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -236,12 +279,27 @@ void fill_memory(const CostModel& c, StageTerms& t) {
   StageMemorySpec empty = t.spec;
   empty.layers = 0;
   t.empty_bytes = c.stage_memory(empty, t.chunk_in_flight).total();
+  if (cache != nullptr) {
+    MemoryTerms& terms = (*cache)[memory_key(t)];
+    std::copy_n(t.per_layer_bytes, 3, terms.per_layer_bytes);
+    std::copy_n(t.fixed_bytes, 3, terms.fixed_bytes);
+    std::copy_n(t.caps, 3, terms.caps);
+    terms.state_layer_bytes = t.state_layer_bytes;
+    terms.empty_bytes = t.empty_bytes;
+  }
 }
 
 // What a lone attention half and a lone MLP half add to a stage of one chunk, beside fill_memory's terms: asked only
 // of the layouts whose split in half-blocks is tried (most are pruned before).
-void fill_half_memory(const CostModel& c, StageTerms& t) {
-  for (StageTerms& share : t.shares) fill_half_memory(c, share);
+void fill_half_memory(const CostModel& c, StageTerms& t, MemoryCache* cache = nullptr) {
+  for (StageTerms& share : t.shares) fill_half_memory(c, share, cache);
+  // fill_memory, asked first with the same cache, made t's entry.
+  MemoryTerms* terms = cache != nullptr ? &cache->at(memory_key(t)) : nullptr;
+  if (terms != nullptr && terms->halves) {
+    std::copy_n(terms->attention_bytes, 3, t.attention_bytes);
+    std::copy_n(terms->mlp_bytes, 3, t.mlp_bytes);
+    return;
+  }
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
     StageMemorySpec spec = t.spec;
     spec.recompute = r;
@@ -254,9 +312,14 @@ void fill_half_memory(const CostModel& c, StageTerms& t) {
     spec.starts_at_mlp = true;  // an MLP half and a block
     t.mlp_bytes[static_cast<int>(r)] = c.stage_memory(spec).total() - one;
   }
+  if (terms != nullptr) {
+    std::copy_n(t.attention_bytes, 3, terms->attention_bytes);
+    std::copy_n(t.mlp_bytes, 3, terms->mlp_bytes);
+    terms->halves = true;
+  }
 }
 
-std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
+std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout, MemoryCache* cache = nullptr) {
   const int p = static_cast<int>(layout.stages.size());
   const int m = static_cast<int>(c.train().global_batch / (layout.dp * layout.micro_batch));
   // 1F1B's micro-batches in flight have a closed form (max_in_flight's, tested equal); other schedules are generated.
@@ -304,7 +367,7 @@ std::vector<StageTerms> stage_terms(const CostModel& c, const Layout& layout) {
       }
       t.embedding = i == 0;
       t.head = i == p - 1;
-      fill_memory(c, t);
+      fill_memory(c, t, cache);
     }
     if (shares.size() == 1) {
       out.push_back(std::move(shares.front()));
@@ -1097,16 +1160,21 @@ struct Search {
   // Whole-model state that must fit in the used devices' memory: each stage holds as many layers' weights,
   // gradients and optimizer state (sharded over its DP under ZeRO-1) as its replica's devices have room for.
   double layers_room(const Layout& l) const {
-    double layers = 0;
+    double layers = 0, state = 0;
+    int state_dp = -1;  // the DP `state` is for: most layouts have one for all their stages
     for (size_t i = 0; i < l.stages.size(); ++i) {
       double least = kInf;  // a mixed stage holds what its smallest chip type has room for
       l.for_each_share(i, [&](const Layout::Share& s) { least = std::min(least, c.usable_bytes(s.chip)); });
-      layers += l.stages[i].tp * least / layers_state_bytes(c, l.stage_dp(i));
+      if (l.stage_dp(i) != state_dp) state = layers_state_bytes(c, state_dp = l.stage_dp(i));
+      layers += l.stages[i].tp * least / state;
     }
     return layers * static_cast<double>(c.model().layers);
   }
 
-  void consider(const Layout& l) {
+  // The passes after the tiers, which run on one thread, share this cache; each thread of a tier has its own.
+  MemoryCache memory;
+  void consider(const Layout& l) { consider(l, memory); }
+  void consider(const Layout& l, MemoryCache& cache) {
     ++layouts;
     const double room = layers_room(l), L = static_cast<double>(c.model().layers);
     if (room < L) {
@@ -1131,7 +1199,7 @@ struct Search {
     }
     ++evaluated;
     FitFailure f;
-    std::vector<StageTerms> terms = stage_terms(c, l);
+    std::vector<StageTerms> terms = stage_terms(c, l, &cache);
     // The bottleneck past which m x it alone would prune the layout (the bar only falls: the one read now is safe).
     const double m = micro_batches(l);
     double cutoff = kInf;
@@ -1171,7 +1239,7 @@ struct Search {
     }
     std::optional<Plan> p = score_terms(c, l, terms, split->layers, &f, {}), h;
     if (opt.split_blocks && l.chunks == 1) {  // the split in half-blocks too, where it balances the stages better
-      for (StageTerms& t : terms) fill_half_memory(c, t);
+      for (StageTerms& t : terms) fill_half_memory(c, t, &cache);
       const std::optional<Split> halves = balanced_half_split(c, l, terms, *split);
       if (halves && halves->bottleneck_s < split->bottleneck_s * (1 - 1e-9)) {
         h = score_terms(c, l, terms, halves->layers, &f, ScoreOptions{.halves = true});
@@ -1205,7 +1273,7 @@ struct Search {
   // Every choice of (tp, stages) per chip type, then the orders of the used types: all permutations in the
   // exhaustive tier, otherwise by memory, largest first (early 1F1B stages hold more micro-batches), and the
   // reverse; refine() later tries every order of the best layout's types.
-  void enumerate(int dp, int b) {
+  void enumerate(int dp, int b, MemoryCache& cache) {
     const size_t k = chips.size();
     std::vector<std::vector<TypeOption>> options(k);
     for (size_t i = 0; i < k; ++i) options[i] = type_options(c, chips[i], dp, b, tier);
@@ -1231,7 +1299,7 @@ struct Search {
               l.stages.push_back({chips[static_cast<size_t>(i)], o.tp, o.dp == dp ? 0 : o.dp});
             }
           }
-          consider(l);
+          consider(l, cache);
         }
       }
       size_t i = 0;
@@ -1592,8 +1660,9 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     for (unsigned t = 0; t < threads; ++t) {
       pool.emplace_back([&] {
         try {
+          MemoryCache cache;
           for (size_t i; (i = next++) < pairs.size() && !search.out_of_time;)
-            search.enumerate(pairs[i].first, pairs[i].second);
+            search.enumerate(pairs[i].first, pairs[i].second, cache);
         } catch (...) {
           std::lock_guard<std::mutex> lock(search.mu);
           if (!failed) failed = std::current_exception();
