@@ -1,7 +1,7 @@
 // The cpu backend's bf16 matrix products, every product exact in f32 and summed in f32. Debian's OpenBLAS exports
 // no bf16 GEMM, so this is H2's own: on CPUs with AVX512-BF16 (vdpbf16ps: two bf16 products summed into each f32
 // lane) a packed, register-blocked kernel in the manner of Goto & van de Geijn 2008, split over cores with OpenMP;
-// elsewhere a plain loop.
+// elsewhere the operands rounded to bf16 and widened to f32, a stretch of K at a time, through OpenBLAS's sgemm.
 #pragma once
 
 #include <cstdint>
