@@ -75,11 +75,10 @@ class Pacer {
         std::shared_ptr<const KernelWork> reference = nullptr);
 
   // A kernel of `shape_key` did `work_seconds` of work on the host (its CPU time; when that is zero, its wall time)
-  // in `wall_seconds`; its work counts
-  // as the reference's for that key, else as the least a kernel of that key has done times drift(). A kernel that
-  // every rank runs at once (`together`: the optimizer step's, which start together after the gradient norm's
-  // all-reduce) does not count toward drift(): its least work here is its work beside the other ranks' streams,
-  // not the host's speed.
+  // in `wall_seconds`; its work counts as the reference's for that key, else as the least a kernel of that key has
+  // done times drift(). A kernel that every rank runs at once (`together`: the optimizer step's, which start
+  // together after the gradient norm's all-reduce) does not count toward drift(): its least work here is its work
+  // beside the other ranks' streams, not the host's speed.
   void after_kernel(uint64_t shape_key, double work_seconds, double wall_seconds, bool together = false);
   // The listed kernels' reference work over their least work here, each listed key counted once it has run apart
   // from the other ranks (not `together`); 1 before any has, or without a reference.
