@@ -227,6 +227,22 @@ struct MemoryKeyHash {
 };
 using MemoryCache = std::unordered_map<MemoryKey, MemoryTerms, MemoryKeyHash>;
 
+// Copies fill_memory's terms (whole: per layer, fixed, caps, state, empty) or fill_half_memory's (halves) between a
+// stage and its cache entry, either way.
+template <typename From, typename To>
+void copy_memory_terms(const From& from, To& to, bool halves) {
+  if (halves) {
+    std::copy_n(from.attention_bytes, 3, to.attention_bytes);
+    std::copy_n(from.mlp_bytes, 3, to.mlp_bytes);
+    return;
+  }
+  std::copy_n(from.per_layer_bytes, 3, to.per_layer_bytes);
+  std::copy_n(from.fixed_bytes, 3, to.fixed_bytes);
+  std::copy_n(from.caps, 3, to.caps);
+  to.state_layer_bytes = from.state_layer_bytes;
+  to.empty_bytes = from.empty_bytes;
+}
+
 MemoryKey memory_key(const StageTerms& t) {  // t with its spec set
   return {t.chip, t.tp, t.rows, t.spec.optimizer_shards, t.in_flight, t.embedding, t.head, t.chunk_in_flight};
 }
@@ -251,12 +267,7 @@ void fill_memory(const CostModel& c, StageTerms& t, MemoryCache* cache = nullptr
                            .in_flight = t.in_flight};
   if (cache != nullptr) {
     if (const auto it = cache->find(memory_key(t)); it != cache->end()) {
-      const MemoryTerms& terms = it->second;
-      std::copy_n(terms.per_layer_bytes, 3, t.per_layer_bytes);
-      std::copy_n(terms.fixed_bytes, 3, t.fixed_bytes);
-      std::copy_n(terms.caps, 3, t.caps);
-      t.state_layer_bytes = terms.state_layer_bytes;
-      t.empty_bytes = terms.empty_bytes;
+      copy_memory_terms(it->second, t, false);
       return;
     }
   }
@@ -279,14 +290,7 @@ void fill_memory(const CostModel& c, StageTerms& t, MemoryCache* cache = nullptr
   StageMemorySpec empty = t.spec;
   empty.layers = 0;
   t.empty_bytes = c.stage_memory(empty, t.chunk_in_flight).total();
-  if (cache != nullptr) {
-    MemoryTerms& terms = (*cache)[memory_key(t)];
-    std::copy_n(t.per_layer_bytes, 3, terms.per_layer_bytes);
-    std::copy_n(t.fixed_bytes, 3, terms.fixed_bytes);
-    std::copy_n(t.caps, 3, terms.caps);
-    terms.state_layer_bytes = t.state_layer_bytes;
-    terms.empty_bytes = t.empty_bytes;
-  }
+  if (cache != nullptr) copy_memory_terms(t, (*cache)[memory_key(t)], false);
 }
 
 // What a lone attention half and a lone MLP half add to a stage of one chunk, beside fill_memory's terms: asked only
@@ -296,8 +300,7 @@ void fill_half_memory(const CostModel& c, StageTerms& t, MemoryCache* cache = nu
   // fill_memory, asked first with the same cache, made t's entry.
   MemoryTerms* terms = cache != nullptr ? &cache->at(memory_key(t)) : nullptr;
   if (terms != nullptr && terms->halves) {
-    std::copy_n(terms->attention_bytes, 3, t.attention_bytes);
-    std::copy_n(terms->mlp_bytes, 3, t.mlp_bytes);
+    copy_memory_terms(*terms, t, true);
     return;
   }
   for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -313,8 +316,7 @@ void fill_half_memory(const CostModel& c, StageTerms& t, MemoryCache* cache = nu
     t.mlp_bytes[static_cast<int>(r)] = c.stage_memory(spec).total() - one;
   }
   if (terms != nullptr) {
-    std::copy_n(t.attention_bytes, 3, terms->attention_bytes);
-    std::copy_n(t.mlp_bytes, 3, terms->mlp_bytes);
+    copy_memory_terms(t, *terms, true);
     terms->halves = true;
   }
 }

@@ -30,6 +30,14 @@
 namespace h2 {
 namespace {
 
+// out (M,N) = the bias in every row, or zero.
+void fill_bias(float* out, const float* bias, int64_t M, int64_t N) {
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias != nullptr ? bias[n] : 0.0f;
+  }
+}
+
 inline bf16_t as_bf16(bf16_t x) { return x; }
 inline bf16_t as_bf16(float x) { return f32_to_bf16(x); }
 
@@ -212,12 +220,7 @@ constexpr int64_t kKc = 512;
 template <typename TA>
 void gemm(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias, bool accumulate, int64_t M, int64_t K,
           int64_t N) {
-  if (!accumulate) {
-#pragma omp parallel for schedule(static)
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias != nullptr ? bias[n] : 0.0f;
-    }
-  }
+  if (!accumulate) fill_bias(out, bias, M, N);
   const int64_t kc_max = std::min(K, kKc);
   std::vector<float> wide_a(static_cast<size_t>(M * kc_max)), wide_b(static_cast<size_t>(kc_max * N));
   for (int64_t k0 = 0; k0 < K; k0 += kKc) {
@@ -244,9 +247,7 @@ void gemm_or_fill(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const floa
                   int64_t K, int64_t N) {
   if (M == 0 || N == 0 || (K == 0 && accumulate)) return;
   if (K > 0) return gemm(out, a, b, bias, accumulate, M, K, N);
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t n = 0; n < N; ++n) out[m * N + n] = bias != nullptr ? bias[n] : 0.0f;
-  }
+  fill_bias(out, bias, M, N);
 }
 
 }  // namespace
