@@ -252,6 +252,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     head.backward();
     const double p = timed([&] { optimize(head, state); });
     const double e = timed(elementwise);
+    options.progress();
     if (round == 0) continue;
     overhead.push_back(o / kTiny);
     for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]), gemm_forward_s[i].push_back(gf[i]);
@@ -295,6 +296,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     const double before = selective.recompute_seconds();
     selective.backward(dout);
     if (round > 0) recompute.push_back(selective.recompute_seconds() - before);
+    options.progress();
   }
   m.recompute_s = least(recompute);
   // The kernels a stage of this chip type runs at each TP degree the planner may give it, for their work only
@@ -344,6 +346,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
         if (optimizer) {
           for (Gpt* part : {&embedding, &tp_block, &tp_head}) step(*part);
         }
+        options.progress();
       }
     }
   };
@@ -382,6 +385,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
           if (round > 0) pair.push_back(t);
         }
         m.gemms.push_back({g.rows, g.k, g.n, std::max(1e-9, least(pair) * slowdown - 2.0 * m.kernel_overhead_s)});
+        options.progress();
       }
     }
   }
@@ -420,6 +424,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
         });
         const double hb = timed([&] { tp_head.backward(); });
         if (round > 0) block_f.push_back(bf), block_b.push_back(bb), head_f.push_back(hf), head_b.push_back(hb);
+        options.progress();
       }
       forwards[0] = std::max(forwards[0], least(block_f));
       backwards[0] = std::max(backwards[0], least(block_b));
@@ -707,22 +712,6 @@ int threads_per_rank(const Cluster& cluster) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, devices));
 }
 
-// Waits, asleep, for rank `from`'s word that it is done (a measurement may take longer than a collective's
-// timeout); gives up after kMeasureTimeout.
-void wait_for_turn(Communicator& world, int from) {
-  constexpr auto kMeasureTimeout = std::chrono::minutes(10);
-  char done = 0;
-  std::unique_ptr<Request> r = world.irecv(&done, 1, from, /*tag=*/1);
-  const auto deadline = std::chrono::steady_clock::now() + kMeasureTimeout;
-  while (!r->test()) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      throw Error(ErrorCode::kInternal, cat("h2 profile: rank ", world.rank(), " waited 10 minutes for rank ", from,
-                                            " to finish measuring its chip; is it stuck? (see its output above)"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-}
-
 }  // namespace
 
 std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int passes) {
@@ -738,6 +727,49 @@ std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int
   return turns;
 }
 
+void take_turns(Communicator& world, const std::vector<int>& turns,
+                const std::function<void(const std::function<void()>& progress)>& measure,
+                std::chrono::milliseconds silence) {
+  constexpr uint32_t kTag = 1;
+  constexpr char kAtWork = 0, kDone = 1;
+  const int me = world.rank();
+  const auto tell_all = [&](char word) {
+    for (int other = 0; other < world.size(); ++other) {
+      if (other == me) continue;
+      std::unique_ptr<Request> s = world.isend(&word, 1, other, kTag);
+      world.wait_request(*s, "h2 profile: telling the others how its measurement goes", other);
+    }
+  };
+  const double silence_s = std::chrono::duration<double>(silence).count(), every = silence_s / 10;
+  for (size_t t = 0; t < turns.size(); ++t) {
+    const int turn = turns[t];
+    if (turn == me) {
+      double told = monotonic_seconds();
+      measure([&] {
+        if (monotonic_seconds() - told < every) return;
+        tell_all(kAtWork);
+        told = monotonic_seconds();
+      });
+      tell_all(kDone);
+      continue;
+    }
+    // The words of one rank arrive in the order sent (comm/transport/transport.h): its last is kDone.
+    for (char word = kAtWork; word != kDone;) {
+      const auto heard = std::chrono::steady_clock::now();
+      std::unique_ptr<Request> r = world.irecv(&word, 1, turn, kTag);
+      while (!r->test()) {
+        if (std::chrono::steady_clock::now() - heard > silence) {
+          throw Error(ErrorCode::kInternal,
+                      cat("h2 profile: rank ", me, " heard nothing for ", format_seconds(silence_s), " from rank ",
+                          turn, ", which measures its chip (turn ", t + 1, " of ", turns.size(),
+                          "); is it stuck? (see its output above)"));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+  }
+}
+
 // One chip type at a time, on its first rank, while every other rank sleeps: the training ranks' emulated chips
 // count a kernel's work as the least its shapes have done (device/emu/device.h), which is what it does without
 // other ranks in the host's caches — what a rank measures alone. Then the link, every rank at once; rank 0 writes
@@ -751,7 +783,7 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   omp_set_num_threads(threads_per_rank(cluster));
   world.barrier();
   const int me = world.rank();
-  // The measuring ranks, in order, twice: each tells the next when it is done, the last tells all. The first pass
+  // The measuring ranks, in order, twice, each telling the others how it goes (take_turns). The first pass
   // finds each kernel's least work on this host (its times are not kept: two rounds, the first to warm up); the
   // second measures with the chip paced to it, as training will pace (the profiled cluster's kernel_work), and is
   // the one kept (two timed rounds: paced, its rounds differ only by what the host adds; measured 2026-12-05, the
@@ -759,30 +791,22 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   // (Before, each chip type kept the faster of two passes paced by their own least work: one profile in four put the
   // fast chips' block 35% slower than the others, and a run the host slowed since its profile ran up to 9% slower than
   // its simulation; docs/pipeline.md.)
-  const std::vector<int> turns = measuring_turns(chips, /*passes=*/2);
-  const auto tell = [&](int to) {
-    const char done = 1;
-    std::unique_ptr<Request> s = world.isend(&done, 1, to, /*tag=*/1);
-    world.wait_request(*s, "h2 profile: done measuring", to);
-  };
   ChipMeasurement m;
   bool measured = false;
-  for (size_t t = 0; t < turns.size(); ++t) {
-    if (turns[t] != me) continue;
-    if (t > 0 && turns[t - 1] != me) wait_for_turn(world, turns[t - 1]);
-    const MeasureOptions learn{.rounds = 1, .min_seconds = 2.0, .max_rows = max_rows},
-        timed{.rounds = 2, .min_seconds = 1.0, .reference = &m.kernel_work, .max_rows = max_rows};
-    m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision, measured ? timed : learn);
-    measured = true;
-    if (t + 1 < turns.size() && turns[t + 1] != me) tell(turns[t + 1]);
-  }
-  if (me == turns.back()) {
-    for (int other = 0; other < world.size(); ++other) {
-      if (other != me) tell(other);
-    }
-  } else {
-    wait_for_turn(world, turns.back());
-  }
+  take_turns(
+      world, measuring_turns(chips, /*passes=*/2),
+      [&](const std::function<void()>& progress) {
+        const MeasureOptions learn{.rounds = 1, .min_seconds = 2.0, .max_rows = max_rows, .progress = progress},
+            timed{.rounds = 2,
+                  .min_seconds = 1.0,
+                  .reference = &m.kernel_work,
+                  .max_rows = max_rows,
+                  .progress = progress};
+        m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision,
+                         measured ? timed : learn);
+        measured = true;
+      },
+      std::chrono::minutes(10));
   world.barrier();
   const LinkMeasurement link = measure_link(world, cluster, chips[static_cast<size_t>(me)], shape, micro_batch);
   const std::vector<double> figures = measurement_figures(m);

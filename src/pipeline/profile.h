@@ -20,6 +20,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -106,11 +107,14 @@ struct LinkMeasurement {
 // copy of it, over its speed; kept in gemms, not fitted) and, without a reference, an emulated chip learns the work
 // of a stage's kernels at twice, 4 times, ... them; a block and the head are timed whole at those rows on the chip
 // (an emulated one's only with a reference: paced as training paces them).
+// `progress` runs after each measurement (a round, a shape, a part at a TP degree; seconds each, at most tens on a
+// slow host): for a caller to tell others it is still at work (take_turns).
 struct MeasureOptions {
   int rounds = 3;
   double min_seconds = 0;
   const KernelWork* reference = nullptr;
   int max_rows = 0;
+  std::function<void()> progress = [] {};
 };
 // The GEMMs, a block and the head run in `precision` as training will (bf16: the products from bf16 inputs, model/
 // gpt.h). Without a reference, also the kernels the embedding, a block and the head run on each TP rank at every TP
@@ -162,6 +166,15 @@ void profile_cluster(const ProfileJob& job);
 // The order in which profile_rank's ranks measure, one at a time: the first rank of each chip type (`rank_chips`
 // names each rank's), in rank order, `passes` times over.
 std::vector<int> measuring_turns(const std::vector<std::string>& rank_chips, int passes);
+
+// One turn after another (`turns`: ranks of `world`, as measuring_turns gives them): at each of its turns this rank
+// runs `measure(progress)` while the others sleep; `progress()` tells every other rank that it is still at work (at
+// most ten times per `silence`) and the turn's end that it is done. A waiting rank gives up, naming the rank and the
+// turn it waited for, only after `silence` without a word from it, however long the whole chain takes (a fixed wait
+// for the chain stopped bench/run_hetero.sh's profile on a slow host, 2026-12-07).
+void take_turns(Communicator& world, const std::vector<int>& turns,
+                const std::function<void(const std::function<void()>& progress)>& measure,
+                std::chrono::milliseconds silence);
 
 // One measuring rank (a process started by profile_cluster): joins the job, measures, and rank 0 writes what
 // every rank found to `raw_out` (JSON).

@@ -1,14 +1,12 @@
 // DiComm over the in-process transport: every collective, world sizes 1-8, element counts 0, 1, odd and large,
 // against exact expected values (small integers, exactly representable in f32 and bf16), plus sub-groups,
 // timeouts that name the peer, and algorithm choice by size.
-#include <functional>
-#include <thread>
 #include <tuple>
 
 #include "comm/collective_checks.h"
 #include "comm/communicator.h"
+#include "comm/run_ranks.h"
 #include "comm/tensor_comm.h"
-#include "comm/transport/inproc/transport.h"
 #include "device/device.h"
 #include "test_util.h"
 
@@ -17,26 +15,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Runs fn(comm) on `n` ranks as threads, each with a shared window of `window_bytes` (0: none, so all-reduces go
-// by messages); returns each rank's error message ("" when it succeeded).
-std::vector<std::string> run_ranks(int n, const std::function<void(Communicator&)>& fn, CommOptions options = {},
-                                   size_t window_bytes = size_t{1} << 20) {
-  auto transports = make_inproc_transports(n, window_bytes);
-  std::vector<std::string> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Communicator c(transports[static_cast<size_t>(r)], options);
-        fn(c);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using testing_util::run_ranks;
 
 float value(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1)); }
 

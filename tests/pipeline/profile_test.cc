@@ -1,10 +1,18 @@
 // What `h2 profile` makes of its measurements: the GEMM rate and elements' costs fitted to GEMMs' times.
 #include "pipeline/profile.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <mutex>
+#include <thread>
 
+#include "comm/run_ranks.h"
+#include "core/clock.h"
+#include "core/format.h"
 #include "device/key_recorder.h"
 #include "model/gpt.h"
 #include "ops/ops.h"
@@ -188,6 +196,50 @@ TEST(ProfileFigures, AMeasurementCrossesBetweenRanksWhole) {
 TEST(ProfileTurns, TheFirstRankOfEachChipTypeOncePerPass) {
   EXPECT_EQ(measuring_turns({"fast", "fast", "slow", "slow", "mid"}, 2), (std::vector<int>{0, 2, 4, 0, 2, 4}));
   EXPECT_EQ(measuring_turns({"slow", "fast", "slow"}, 1), (std::vector<int>{0, 1}));
+}
+
+// Three ranks take turns {2, 0}, each measuring 1.5 s while it tells the others it is at work every 50 ms; a
+// waiting rank gives up after 1 s without a word. Every rank waits longer than that in all (rank 1 for both turns,
+// 3 s), yet none gives up, and the turns run one after another in the order given.
+TEST(ProfileTurns, ARankAtWorkIsWaitedForHoweverLongTheChain) {
+  using namespace std::chrono_literals;
+  const std::vector<int> turns = {2, 0};
+  std::mutex mu;
+  std::vector<std::array<double, 3>> ran;  // rank, start, end
+  const auto errors = testing_util::run_ranks(3, [&](Communicator& world) {
+    take_turns(
+        world, turns,
+        [&](const std::function<void()>& progress) {
+          const double start = monotonic_seconds();
+          for (int i = 0; i < 30; ++i) {
+            std::this_thread::sleep_for(50ms);
+            progress();
+          }
+          const std::lock_guard lock(mu);
+          ran.push_back({static_cast<double>(world.rank()), start, monotonic_seconds()});
+        },
+        1s);
+  });
+  EXPECT_EQ(errors, (std::vector<std::string>(3)));
+  ASSERT_EQ(ran.size(), 2u);
+  EXPECT_EQ(ran[0][0], 2);
+  EXPECT_EQ(ran[1][0], 0);
+  EXPECT_LE(ran[0][2], ran[1][1]);  // the second turn began after the first ended
+}
+
+// Rank 0 measures for 1.2 s without a word; the others give up after 0.3 s of silence, each naming rank 0 and its
+// turn.
+TEST(ProfileTurns, ASilentRankIsNamedAfterTheSilenceLimit) {
+  using namespace std::chrono_literals;
+  const auto errors = testing_util::run_ranks(3, [&](Communicator& world) {
+    take_turns(
+        world, {0, 1}, [](const std::function<void()>&) { std::this_thread::sleep_for(1200ms); }, 300ms);
+  });
+  for (int r : {1, 2}) {
+    EXPECT_THAT(errors[static_cast<size_t>(r)],
+                ::testing::HasSubstr(cat("rank ", r, " heard nothing for 300 ms from rank 0")));
+    EXPECT_THAT(errors[static_cast<size_t>(r)], ::testing::HasSubstr("(turn 1 of 2)"));
+  }
 }
 
 // A node of two chips, and a one-block model whose 101 tokens make uneven vocabulary shards at TP 2 (50 and 51 rows).
