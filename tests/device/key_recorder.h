@@ -19,14 +19,20 @@ class KeyRecorder final : public Device {
       : Device(DeviceProps{.name = "keys:0", .backend = "cpu", .mem_capacity_bytes = capacity_bytes}) {}
   const Kernels& kernels() const override { return cpu_kernels(); }
   void launch(const char* op_name, uint64_t shape_key, const std::function<void()>& kernel) override {
-    keys.push_back(shape_key);
-    ops.emplace_back(op_name);
-    all_ranks_at_once_flags.push_back(all_ranks_at_once());
+    launches.push_back({op_name, shape_key, all_ranks_at_once()});
     kernel();
   }
-  std::vector<uint64_t> keys;
-  std::vector<std::string> ops;
-  std::vector<bool> all_ranks_at_once_flags;
+  struct Launch {
+    std::string op;
+    uint64_t key = 0;
+    bool all_ranks_at_once = false;
+  };
+  std::vector<Launch> launches;  // in order
+  std::vector<uint64_t> keys() const {
+    std::vector<uint64_t> out;
+    for (const Launch& l : launches) out.push_back(l.key);
+    return out;
+  }
 };
 
 }  // namespace h2

@@ -290,7 +290,7 @@ std::vector<uint64_t> stage_kernels(const TransformerShape& shape, int rows, boo
       optimizer_step(*part, moments, AdamwParams{}, acc, {.max_norm = 1e-6});
     }
   }
-  return dev.keys;
+  return dev.keys();
 }
 
 // h2 profile lists the work of the kernels a stage runs at every tensor-parallel degree its chip type's devices

@@ -113,22 +113,23 @@ TEST(Optimizer, LaunchesItsKernelsAllRanksAtOnce) {
   Gpt model(config, dev, GptRange::whole(config), 1, 8, {}, ActivationPolicy{.precision = Precision::kBf16});
   model.init(1);
   model.refresh_bf16_weights();
-  const size_t first = dev.ops.size();
+  const size_t first = dev.launches.size();
   const Tensor tokens = dev.zeros(DType::kI32, {1, 8});
   model.forward(tokens);
   model.loss(tokens);
   model.backward();
-  const size_t step = dev.ops.size();
+  const size_t step = dev.launches.size();
   const Tensor acc = dev.zeros(DType::kF32, {1});
   const OptimizerState moments{dev.zeros(DType::kF32, {model.num_params()}),
                                dev.zeros(DType::kF32, {model.num_params()})};
   optimizer_step(model, moments, AdamwParams{}, acc, {.max_norm = 1e-6});
   model.refresh_bf16_weights();
   std::set<std::string> before, training, after;
-  for (size_t i = 0; i < dev.ops.size(); ++i) {
+  for (size_t i = 0; i < dev.launches.size(); ++i) {
+    const KeyRecorder::Launch& l = dev.launches[i];
     const bool at_once = i < first || i >= step;
-    EXPECT_EQ(dev.all_ranks_at_once_flags[i], at_once) << dev.ops[i] << " (launch " << i << ")";
-    (i < first ? before : i < step ? training : after).insert(dev.ops[i]);
+    EXPECT_EQ(l.all_ranks_at_once, at_once) << l.op << " (launch " << i << ")";
+    (i < first ? before : i < step ? training : after).insert(l.op);
   }
   EXPECT_EQ(before, (std::set<std::string>{"convert"}));
   EXPECT_TRUE(training.contains("convert"));
