@@ -48,6 +48,9 @@ class Communicator {
   std::unique_ptr<Request> irecv(void* data, size_t bytes, int peer, uint32_t tag);
   // Waits with this communicator's timeout; the CommError names `op`, this rank, `peer` and the step.
   void wait_request(Request& request, const char* op, int peer, int step = 0) { wait(request, op, peer, step); }
+  // Moves this rank's messages in flight along (Transport::progress); for a rank busy with other work, e.g. between
+  // a device's kernels (Device::set_while_busy). Never blocks.
+  void progress() { transport_->progress(); }
 
   // Collectives (every rank of the group calls them in the same order). Counts are elements of `dtype`
   // (f32 or bf16). all_reduce works in place.

@@ -92,7 +92,15 @@ class Device {
   };
   bool all_ranks_at_once() const { return all_ranks_at_once_ > 0; }
 
+  // Work for the launching thread while the device computes and the thread would otherwise only wait: a
+  // communicator's progress, so that a message already sent moves on while the chip computes, as the host thread
+  // beside an accelerator is free to do. A backend that waits for its kernels (an emulated chip's pacing sleeps)
+  // runs it about every millisecond of the wait; empty: none.
+  void set_while_busy(std::function<void()> work) { while_busy_ = std::move(work); }
+
  protected:
+  const std::function<void()>& while_busy() const { return while_busy_; }
+
   // Backends whose memory is not host memory override these two.
   virtual void* raw_allocate(size_t bytes);
   virtual void raw_free(void* ptr);
@@ -105,6 +113,7 @@ class Device {
   size_t mem_used_bytes_ = 0;
   size_t mem_peak_bytes_ = 0;
   int all_ranks_at_once_ = 0;  // AllRanksAtOnce scopes alive
+  std::function<void()> while_busy_;
 };
 
 // Copies between tensors of the same dtype and element count, on the same or different devices.

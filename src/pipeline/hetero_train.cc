@@ -254,6 +254,9 @@ void RankTraining::build_stage() {
   // A stage whose replicas mix chip types: this replica's type.
   const ReplicaGroup group = stage_.group_of(place_.replica);
   device_ = make_device(group.chip);
+  // Sends move on while the chip computes (an emulated chip's pacing sleeps; Device::set_while_busy), as the
+  // simulator has them: each activation leaves when its forward ends, not when this rank next waits on a message.
+  device_->set_while_busy([this] { world_.progress(); });
   for (int c = 0; c < plan_.chunks; ++c) {
     const int vs = c * layout_.num_stages() + place_.stage;
     const ChunkLayers& v = virtual_stages_[static_cast<size_t>(vs)];

@@ -4,11 +4,13 @@
 //                            4 MiB + 12 B, against closed forms; then tagged
 //                            p2p; prints "ok" and the algorithm of the large all-reduce. With H2_HOST_ID set,
 //                            hierarchical.
+//   comm_worker busy         a large message reaches its receiver while the sender only calls progress (busy()).
 //   comm_worker kill         all-reduces in a loop; rank 1 kills itself in the third. The others must fail with
 //                            an error naming rank 1: exit 3 when they do, 4 when the error names no rank 1.
 // Exit 1 on a wrong value, with the first mismatch on stderr.
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -122,6 +124,40 @@ int listening(h2::Job& job) {
   return 0;
 }
 
+// Two ranks: rank 0 sends 1 MiB (UCX's rendezvous) to rank 1, then is busy for 500 ms, calling only
+// Communicator::progress every millisecond (what a device's pacing does between its sleeps); then it tells rank 1
+// when it stopped. Rank 1 notes when the message arrived (the host's monotonic clock, the same in both processes):
+// before rank 0 stopped, or exit 5.
+int busy(h2::Job& job) {
+  h2::Communicator& c = *job.world;
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  std::vector<char> data(size_t{1} << 20, 1);
+  double stopped = 0;
+  if (c.rank() == 0) {
+    c.barrier();
+    std::unique_ptr<h2::Request> s = c.isend(data.data(), data.size(), 1, 5);
+    for (const double end = now() + 0.5; now() < end;) {
+      c.progress();
+      ::usleep(1000);
+    }
+    stopped = now();
+    c.wait_request(*s, "busy: the large send", 1);
+    std::unique_ptr<h2::Request> t = c.isend(&stopped, sizeof stopped, 1, 6);
+    c.wait_request(*t, "busy: when it stopped", 1);
+    return 0;
+  }
+  std::unique_ptr<h2::Request> r = c.irecv(data.data(), data.size(), 0, 5);
+  c.barrier();
+  c.wait_request(*r, "busy: the large message", 0);
+  const double arrived = now();
+  std::unique_ptr<h2::Request> t = c.irecv(&stopped, sizeof stopped, 0, 6);
+  c.wait_request(*t, "busy: when rank 0 stopped", 0);
+  std::printf("arrived %.1f ms before the sender stopped\n", 1e3 * (stopped - arrived));
+  return arrived < stopped ? 0 : 5;
+}
+
 // Writes <dir>/ready_<rank> holding this process's id, then idles for at most a minute.
 int idle(h2::Job& job, const std::string& dir) {
   std::ofstream(dir + "/ready_" + std::to_string(job.world->rank())) << ::getpid() << "\n";
@@ -138,8 +174,9 @@ int main(int argc, char** argv) {
     if (mode == "collectives") return collectives(*job);
     if (mode == "kill") return kill(*job);
     if (mode == "listening") return listening(*job);
+    if (mode == "busy") return busy(*job);
     if (mode == "idle" && argc > 2) return idle(*job, argv[2]);
-    std::fprintf(stderr, "usage: comm_worker collectives|kill|listening|idle DIR\n");
+    std::fprintf(stderr, "usage: comm_worker collectives|kill|listening|busy|idle DIR\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "comm_worker: %s\n", e.what());

@@ -89,6 +89,17 @@ TEST(UcxProcesses, EveryCollectiveExactOn2To4Ranks) {
   }
 }
 
+// A sender busy with other work that calls Communicator::progress (an emulated chip's pacing, Device::
+// set_while_busy) delivers a rendezvous-sized message while busy, not when it next waits (comm_worker busy).
+TEST(UcxProcesses, ABusySenderThatProgressesDeliversWhileBusy) {
+  const auto results = run_ranks(2, "busy");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << "rank " << r << ":\n"
+                                                            << results[static_cast<size_t>(r)].output;
+  }
+  EXPECT_THAT(results[1].output, HasSubstr("before the sender stopped"));
+}
+
 TEST(UcxProcesses, HierarchicalAllReduceAcrossTwoClaimedHosts) {
   const auto results = run_ranks(4, "collectives", [](int rank) {
     return std::map<std::string, std::string>{{"H2_HOST_ID", rank < 2 ? "host-a" : "host-b"}};

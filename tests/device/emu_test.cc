@@ -1,6 +1,7 @@
 // The emulated chip: pacing arithmetic against a fake clock, profiles and their errors.
 #include <set>
 
+#include "core/clock.h"
 #include "device/emu/device.h"
 #include "device/key_recorder.h"
 #include "device/registry.h"
@@ -236,6 +237,35 @@ TEST(EmuDevice, KernelsLaunchedAllRanksAtOnceLeaveTheDriftAlone) {
   run(*listed);
   EXPECT_LT(emu_drift(*listed), 1e-3);
   EXPECT_EQ(emu_drift(*create_device(DeviceSpec{.backend = "cpu"})), 1.0);
+}
+
+// While it sleeps to pace a kernel, an emulated chip runs the launching thread's work (Device::set_while_busy: a
+// communicator's progress) about every millisecond: a kernel listed at 20 ms of work on a half-speed chip sleeps
+// about 40 ms, in slices with the work between them, and still takes its 40 ms.
+TEST(EmuDevice, RunsTheThreadsWorkWhileItSleeps) {
+  EmuProfile profile;
+  profile.speed = 0.5;
+  profile.mem_capacity_bytes = size_t{64} << 20;
+  const auto run = [](Device& dev) {
+    const Tensor a = dev.zeros(DType::kF32, {64, 64}), b = dev.zeros(DType::kF32, {64, 64});
+    ops::matmul_forward(dev.empty(DType::kF32, {64, 64}), a, b, Tensor());
+  };
+  auto probe = make_emu_device(0, profile);
+  run(*probe);
+  const KernelWork work = emu_least_work(*probe);
+  ASSERT_EQ(work.size(), 1u);
+  profile.reference_work = std::make_shared<const KernelWork>(KernelWork{{work.begin()->first, 0.020}});
+  auto dev = make_emu_device(1, profile);
+  int calls = 0;
+  dev->set_while_busy([&calls] { ++calls; });
+  const Tensor a = dev->zeros(DType::kF32, {64, 64}), b = dev->zeros(DType::kF32, {64, 64});
+  const Tensor out = dev->empty(DType::kF32, {64, 64});
+  const int before = calls;  // the zeros' copies may have slept a little
+  const double t0 = monotonic_seconds();
+  ops::matmul_forward(out, a, b, Tensor());
+  dev->synchronize();
+  EXPECT_GE(monotonic_seconds() - t0, 0.039);
+  EXPECT_GE(calls - before, 5);
 }
 
 // What the pacing's least work is kept by: the same op on the same shapes has one key; another shape, another op or

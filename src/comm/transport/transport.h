@@ -73,6 +73,9 @@ class Transport {
   virtual std::unique_ptr<Request> irecv(int peer, uint64_t tag, void* data, size_t bytes) = 0;
   // This rank's shared window (made on the first call), or nullptr when the transport has none.
   virtual SharedWindow* window() { return nullptr; }
+  // Moves messages in flight along without waiting for any (a transport whose large messages need the sender's
+  // attention - UCX's rendezvous - delivers them only while the sender progresses); never blocks.
+  virtual void progress() {}
 };
 
 }  // namespace h2

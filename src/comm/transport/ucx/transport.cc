@@ -148,6 +148,8 @@ class UcxTransport final : public Transport {
 
   ucp_worker_h worker() const { return worker_; }
 
+  void progress() override { ucp_worker_progress(worker_); }
+
   SharedWindow* window() override {
     if (options_.window_bytes == 0) return nullptr;
     if (!window_) window_ = std::make_unique<Window>(*this);
