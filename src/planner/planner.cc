@@ -1201,7 +1201,8 @@ struct Search {
     }
     ++evaluated;
     FitFailure f;
-    std::vector<StageTerms> terms = stage_terms(c, l, &cache);
+    MemoryCache* const cached = opt.memory_cache ? &cache : nullptr;
+    std::vector<StageTerms> terms = stage_terms(c, l, cached);
     // The bottleneck past which m x it alone would prune the layout (the bar only falls: the one read now is safe).
     const double m = micro_batches(l);
     double cutoff = kInf;
@@ -1241,7 +1242,7 @@ struct Search {
     }
     std::optional<Plan> p = score_terms(c, l, terms, split->layers, &f, {}), h;
     if (opt.split_blocks && l.chunks == 1) {  // the split in half-blocks too, where it balances the stages better
-      for (StageTerms& t : terms) fill_half_memory(c, t, &cache);
+      for (StageTerms& t : terms) fill_half_memory(c, t, cached);
       const std::optional<Split> halves = balanced_half_split(c, l, terms, *split);
       if (halves && halves->bottleneck_s < split->bottleneck_s * (1 - 1e-9)) {
         h = score_terms(c, l, terms, halves->layers, &f, ScoreOptions{.halves = true});

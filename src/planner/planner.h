@@ -31,6 +31,9 @@ struct PlannerOptions {
   bool mixed_stages = true;                // also stages whose replicas are of several chip types (uneven shares)
   bool interleave = true;                  // also interleaved 1F1B (h2 train runs 1F1B only: it plans without)
   bool split_blocks = true;                // 1F1B stages may begin or end inside a block (at its MLP half)
+  // Each search thread keeps the memory terms of the stages it has costed, by what they depend on; false: every
+  // stage's are computed afresh (slower; the reference the tests hold the cache to).
+  bool memory_cache = true;
 };
 
 struct SearchStats {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 
+#include "planner/catalog.h"
 #include "planner/fixtures.h"
 #include "planner/layout.h"
 #include "planner/report.h"
@@ -626,6 +627,26 @@ TEST_F(Hetero1024, ThePlanDoesNotDependOnHowTheThreadsRan) {
       const std::string json = plan.to_json();
       if (first.empty()) first = json;
       EXPECT_EQ(json, first) << cluster_.chips[static_cast<size_t>(k)].name << " alone, " << threads << " threads";
+    }
+  }
+}
+
+// The search keeps each stage's memory terms by what they depend on (PlannerOptions::memory_cache); computed afresh
+// for every stage, they give the same plans: the 1,024-chip examples (4 types; catalog chips) with whole blocks and
+// interleaving, where stages of 2 chunks keep different micro-batches in flight per chunk, and with half-blocks. (A
+// key without the chunks' micro-batches in flight gave the catalog example another interleaved plan, 2026-12-07.)
+TEST_F(Hetero1024, TheSearchsMemoryCacheGivesThePlansOfFreshTerms) {
+  const Cluster catalog = load_cluster_arg(std::string(H2_SOURCE_DIR) + "/examples/cluster_catalog1024.yaml");
+  for (const Cluster* cluster : {static_cast<const Cluster*>(&cluster_), &catalog}) {
+    for (const bool split : {false, true}) {
+      std::string plans[2];
+      for (const bool cached : {false, true}) {
+        Plan plan = plan_training(CostModel(*cluster, model_, train_),
+                                  PlannerOptions{.split_blocks = split, .memory_cache = cached});
+        plan.why.clear();
+        plans[cached] = plan.to_json();
+      }
+      EXPECT_EQ(plans[1], plans[0]) << cluster->name << (split ? ", half-blocks" : ", whole blocks");
     }
   }
 }
