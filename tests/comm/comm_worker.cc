@@ -10,7 +10,6 @@
 // Exit 1 on a wrong value, with the first mismatch on stderr.
 #include <unistd.h>
 
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +22,7 @@
 
 #include "comm/collective_checks.h"
 #include "comm/job.h"
+#include "core/clock.h"
 
 namespace {
 
@@ -130,9 +130,7 @@ int listening(h2::Job& job) {
 // before rank 0 stopped, or exit 5.
 int busy(h2::Job& job) {
   h2::Communicator& c = *job.world;
-  const auto now = [] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  };
+  const auto now = h2::monotonic_seconds;
   std::vector<char> data(size_t{1} << 20, 1);
   double stopped = 0;
   if (c.rank() == 0) {

@@ -26,8 +26,8 @@ struct RankResult {
 
 // Starts `n` comm_worker processes with the rendezvous variables set (as h2 launch does) plus `env(rank)`, waits
 // up to 120 s for all of them and returns what each printed and how it ended.
-std::vector<RankResult> run_ranks(int n, const std::string& mode,
-                                  const std::function<std::map<std::string, std::string>(int)>& env = nullptr) {
+std::vector<RankResult> run_processes(int n, const std::string& mode,
+                                      const std::function<std::map<std::string, std::string>(int)>& env = nullptr) {
   const int port = testing_util::free_port();
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
@@ -76,7 +76,7 @@ std::vector<RankResult> run_ranks(int n, const std::string& mode,
 TEST(UcxProcesses, EveryCollectiveExactOn2To4Ranks) {
   for (const bool window : {true, false}) {
     for (int n = 2; n <= 4; ++n) {
-      const auto results = run_ranks(n, "collectives", [window](int) {
+      const auto results = run_processes(n, "collectives", [window](int) {
         return std::map<std::string, std::string>{{"H2_COMM_WINDOW_BYTES", window ? "2097152" : "0"}};
       });
       const std::string expect = window ? "shared-window" : n == 4 ? "halving-doubling" : "ring";
@@ -92,7 +92,7 @@ TEST(UcxProcesses, EveryCollectiveExactOn2To4Ranks) {
 // A sender busy with other work that calls Communicator::progress (an emulated chip's pacing, Device::
 // set_while_busy) delivers a rendezvous-sized message while busy, not when it next waits (comm_worker busy).
 TEST(UcxProcesses, ABusySenderThatProgressesDeliversWhileBusy) {
-  const auto results = run_ranks(2, "busy");
+  const auto results = run_processes(2, "busy");
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 0) << "rank " << r << ":\n"
                                                             << results[static_cast<size_t>(r)].output;
@@ -101,7 +101,7 @@ TEST(UcxProcesses, ABusySenderThatProgressesDeliversWhileBusy) {
 }
 
 TEST(UcxProcesses, HierarchicalAllReduceAcrossTwoClaimedHosts) {
-  const auto results = run_ranks(4, "collectives", [](int rank) {
+  const auto results = run_processes(4, "collectives", [](int rank) {
     return std::map<std::string, std::string>{{"H2_HOST_ID", rank < 2 ? "host-a" : "host-b"}};
   });
   for (int r = 0; r < 4; ++r) {
@@ -115,7 +115,7 @@ TEST(UcxProcesses, HierarchicalAllReduceAcrossTwoClaimedHosts) {
 // listens elsewhere here too, but that run depends on the host's interfaces and is not part of the test.)
 TEST(UcxProcesses, ALocalJobListensOnLoopbackOnly) {
   std::vector<std::string> local;
-  for (const RankResult& r : run_ranks(2, "listening")) {
+  for (const RankResult& r : run_processes(2, "listening")) {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     std::istringstream in(r.output);
     for (std::string word, address; in >> word;) {
@@ -171,7 +171,7 @@ TEST(UcxProcesses, RanksStopWhenTheirLauncherDies) {
 }
 
 TEST(UcxProcesses, KilledRankIsNamedByTheOthers) {
-  const auto results = run_ranks(4, "kill");
+  const auto results = run_processes(4, "kill");
   EXPECT_EQ(results[1].exit_code, 128 + SIGKILL);
   for (int r : {0, 2, 3}) {
     EXPECT_EQ(results[static_cast<size_t>(r)].exit_code, 3) << "rank " << r << ":\n"

@@ -212,29 +212,39 @@ TEST(EmuDevice, ReportsTheLeastWorkOfItsKernels) {
   EXPECT_TRUE(emu_least_work(*cpu).empty());
 }
 
+// One 64 x 64 matmul on `dev`: the kernel the pacing tests below list in a reference.
+void one_matmul(Device& dev) {
+  const Tensor a = dev.zeros(DType::kF32, {64, 64}), b = dev.zeros(DType::kF32, {64, 64});
+  ops::matmul_forward(dev.empty(DType::kF32, {64, 64}), a, b, Tensor());
+}
+
+// `profile` with a reference that lists one_matmul's kernel at `seconds` of work (its key found on a probe device).
+EmuProfile listing_one_matmul(EmuProfile profile, double seconds) {
+  auto probe = make_emu_device(0, profile);
+  one_matmul(*probe);
+  const KernelWork work = emu_least_work(*probe);
+  EXPECT_EQ(work.size(), 1u);
+  if (!work.empty())
+    profile.reference_work = std::make_shared<const KernelWork>(KernelWork{{work.begin()->first, seconds}});
+  return profile;
+}
+
 // A kernel launched all ranks at once (Device::AllRanksAtOnce: the optimizer step's) leaves the device's drift
 // alone; launched otherwise, a kernel its reference lists at a nanosecond moves it to a nanosecond over its least
 // work here (far below 1). Without a reference the drift stays 1; a device that is not emulated has none.
 TEST(EmuDevice, KernelsLaunchedAllRanksAtOnceLeaveTheDriftAlone) {
   EmuProfile profile;
   profile.mem_capacity_bytes = size_t{64} << 20;
-  const auto run = [](Device& dev) {
-    const Tensor a = dev.zeros(DType::kF32, {64, 64}), b = dev.zeros(DType::kF32, {64, 64});
-    ops::matmul_forward(dev.empty(DType::kF32, {64, 64}), a, b, Tensor());
-  };
   auto unlisted = make_emu_device(0, profile);
-  run(*unlisted);
+  one_matmul(*unlisted);
   EXPECT_EQ(emu_drift(*unlisted), 1.0);
-  const KernelWork work = emu_least_work(*unlisted);
-  ASSERT_EQ(work.size(), 1u);
-  profile.reference_work = std::make_shared<const KernelWork>(KernelWork{{work.begin()->first, 1e-9}});
-  auto listed = make_emu_device(1, profile);
+  auto listed = make_emu_device(1, listing_one_matmul(profile, 1e-9));
   {
     const Device::AllRanksAtOnce together(*listed);
-    run(*listed);
+    one_matmul(*listed);
   }
   EXPECT_EQ(emu_drift(*listed), 1.0);
-  run(*listed);
+  one_matmul(*listed);
   EXPECT_LT(emu_drift(*listed), 1e-3);
   EXPECT_EQ(emu_drift(*create_device(DeviceSpec{.backend = "cpu"})), 1.0);
 }
@@ -246,16 +256,7 @@ TEST(EmuDevice, RunsTheThreadsWorkWhileItSleeps) {
   EmuProfile profile;
   profile.speed = 0.5;
   profile.mem_capacity_bytes = size_t{64} << 20;
-  const auto run = [](Device& dev) {
-    const Tensor a = dev.zeros(DType::kF32, {64, 64}), b = dev.zeros(DType::kF32, {64, 64});
-    ops::matmul_forward(dev.empty(DType::kF32, {64, 64}), a, b, Tensor());
-  };
-  auto probe = make_emu_device(0, profile);
-  run(*probe);
-  const KernelWork work = emu_least_work(*probe);
-  ASSERT_EQ(work.size(), 1u);
-  profile.reference_work = std::make_shared<const KernelWork>(KernelWork{{work.begin()->first, 0.020}});
-  auto dev = make_emu_device(1, profile);
+  auto dev = make_emu_device(1, listing_one_matmul(profile, 0.020));
   int calls = 0;
   dev->set_while_busy([&calls] { ++calls; });
   const Tensor a = dev->zeros(DType::kF32, {64, 64}), b = dev->zeros(DType::kF32, {64, 64});
