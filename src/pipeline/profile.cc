@@ -791,8 +791,10 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   // (Before, each chip type kept the faster of two passes paced by their own least work: one profile in four put the
   // fast chips' block 35% slower than the others, and a run the host slowed since its profile ran up to 9% slower than
   // its simulation; docs/pipeline.md.)
+  // Each turn says when it starts and how long it took (minutes on a slow host, where nothing else would show).
   ChipMeasurement m;
   bool measured = false;
+  const std::string& chip = chips[static_cast<size_t>(me)];
   take_turns(
       world, measuring_turns(chips, /*passes=*/2),
       [&](const std::function<void()>& progress) {
@@ -802,13 +804,24 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
                   .reference = &m.kernel_work,
                   .max_rows = max_rows,
                   .progress = progress};
-        m = measure_chip(cluster, chips[static_cast<size_t>(me)], shape, micro_batch, precision,
-                         measured ? timed : learn);
+        const char* pass =
+            measured ? "pass 2 of 2, timed as training paces its kernels" : "pass 1 of 2, learning its kernels' work";
+        std::printf("h2 profile: rank %d measures chip type '%s' (%s)\n", me, chip.c_str(), pass);
+        std::fflush(stdout);
+        const double start = monotonic_seconds();
+        m = measure_chip(cluster, chip, shape, micro_batch, precision, measured ? timed : learn);
+        std::printf("h2 profile: rank %d measured '%s' (%s) in %s\n", me, chip.c_str(), pass,
+                    format_seconds(monotonic_seconds() - start).c_str());
+        std::fflush(stdout);
         measured = true;
       },
       std::chrono::minutes(10));
   world.barrier();
-  const LinkMeasurement link = measure_link(world, cluster, chips[static_cast<size_t>(me)], shape, micro_batch);
+  if (me == 0) {
+    std::printf("h2 profile: the links, every rank at once\n");
+    std::fflush(stdout);
+  }
+  const LinkMeasurement link = measure_link(world, cluster, chip, shape, micro_batch);
   const std::vector<double> figures = measurement_figures(m);
   const std::vector<KernelWork> work = gather_kernel_work(world, m.kernel_work);
   std::vector<float> mine(figures.begin(), figures.end());
@@ -847,6 +860,7 @@ void profile_cluster(const ProfileJob& job) {
       "first of %zu processes (one per device) that has it, %d thread(s) each\n",
       cluster.chips.size(), cluster_file.c_str(), model_label.c_str(), micro_batch, precision_name(job.precision),
       ranks.size(), threads_per_rank(cluster));
+  std::fflush(stdout);  // before the ranks' lines
   // The ranks read the shape from a model file (the job's may come from a training config) and write raw results.
   const std::string part = out + ".ranks.json", model_file = out + ".model.yaml";
   write_file_atomic(model_file, cat("name: measured\nlayers: ", shape.layers, "\nhidden: ", shape.hidden,

@@ -610,6 +610,15 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   const Result r = run_h2("profile --cluster " + cluster_ + " --model " + model_ + " --out " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("one chip type at a time, on the first of 2 processes (one per device)"));
+  // Each turn says what it measures and, done, how long it took: each chip type twice, in order.
+  const size_t learn_fast = r.output.find("rank 0 measured 'fast' (pass 1 of 2, learning its kernels' work) in "),
+               learn_slow = r.output.find("rank 1 measured 'slow' (pass 1 of 2, learning its kernels' work) in "),
+               timed_fast = r.output.find("rank 0 measured 'fast' (pass 2 of 2, timed as training paces its kernels)"),
+               timed_slow = r.output.find("rank 1 measured 'slow' (pass 2 of 2, timed as training paces its kernels)");
+  EXPECT_LT(learn_fast, learn_slow) << r.output;
+  EXPECT_LT(learn_slow, timed_fast) << r.output;
+  EXPECT_LT(timed_fast, timed_slow) << r.output;
+  EXPECT_NE(timed_slow, std::string::npos) << r.output;
   const Cluster measured = load_cluster(ConfigNode::load_file(out));
   EXPECT_EQ(measured.name, "two-chips-profiled");
   const ChipType& fast = measured.chips[static_cast<size_t>(measured.chip_index("fast"))];
@@ -673,6 +682,9 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   const Result pairs = run_h2("profile --cluster " + dir_ + "/four.yaml --model " + model_ + " --out " + out);
   ASSERT_EQ(pairs.status, 0) << pairs.output;
   EXPECT_THAT(pairs.output, HasSubstr("on the first of 4 processes"));
+  EXPECT_THAT(pairs.output, HasSubstr("rank 2 measures chip type 'slow' (pass 1 of 2"));
+  EXPECT_THAT(pairs.output, Not(HasSubstr("rank 1 measures")));
+  EXPECT_THAT(pairs.output, Not(HasSubstr("rank 3 measures")));
   for (const ChipType& chip : load_cluster(ConfigNode::load_file(out)).chips) {
     EXPECT_GT(chip.peak_tflops, 0.0) << chip.name;
     EXPECT_GT(chip.memory_bandwidth_gbps, 0.0) << chip.name;
