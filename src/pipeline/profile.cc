@@ -95,6 +95,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   if (spec.emu) {
     spec.emu->mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
     spec.emu->reference_work = reference ? std::make_shared<const KernelWork>(*reference) : nullptr;
+    if (options.unpaced) spec.emu->speed = 1.0, spec.emu->mem_bandwidth_gbps = 0.0;
   }
   spec.mem_capacity_bytes.reset();  // the device's own (a GPU's memory, this host's)
   auto device = create_device(spec);
@@ -784,7 +785,8 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   world.barrier();
   const int me = world.rank();
   // The measuring ranks, in order, twice, each telling the others how it goes (take_turns). The first pass
-  // finds each kernel's least work on this host (its times are not kept: two rounds, the first to warm up); the
+  // finds each kernel's least work on this host, the chip unpaced (its times are not kept: two rounds, the first to
+  // warm up; paced, as until 2026-12-07, it took 134 of the built-in example's 280 s on an AVX2-only host); the
   // second measures with the chip paced to it, as training will pace (the profiled cluster's kernel_work), and is
   // the one kept (two timed rounds: paced, its rounds differ only by what the host adds; measured 2026-12-05, the
   // three timed rounds of the old four within 3.5% of each other but for one attention core at twice its time).
@@ -798,7 +800,8 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   take_turns(
       world, measuring_turns(chips, /*passes=*/2),
       [&](const std::function<void()>& progress) {
-        const MeasureOptions learn{.rounds = 1, .min_seconds = 2.0, .max_rows = max_rows, .progress = progress},
+        const MeasureOptions learn{
+            .rounds = 1, .min_seconds = 2.0, .unpaced = true, .max_rows = max_rows, .progress = progress},
             timed{.rounds = 2,
                   .min_seconds = 1.0,
                   .reference = &m.kernel_work,

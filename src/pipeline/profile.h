@@ -109,10 +109,13 @@ struct LinkMeasurement {
 // (an emulated one's only with a reference: paced as training paces them).
 // `progress` runs after each measurement (a round, a shape, a part at a TP degree; seconds each, at most tens on a
 // slow host): for a caller to tell others it is still at work (take_turns).
+// With `unpaced`, an emulated chip runs at the host's speed, without sleeping: for learning its kernels' work, which
+// does not depend on its speed (its times are then the host's).
 struct MeasureOptions {
   int rounds = 3;
   double min_seconds = 0;
   const KernelWork* reference = nullptr;
+  bool unpaced = false;
   int max_rows = 0;
   std::function<void()> progress = [] {};
 };

@@ -340,6 +340,24 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRo
   EXPECT_EQ(timed_at(paced), (At{{1, 8}, {1, 16}, {1, 32}, {2, 8}, {2, 16}, {2, 32}}));
 }
 
+// h2 profile's first pass learns a chip type's kernel work on the chip unpaced (MeasureOptions::unpaced): the same
+// kernels as paced, at the host's speed — the paced chip's times are the host's over its speed (0.4 here: 2.5 times
+// them; the test asks for more than 1.4 in the GEMMs, each with its two kernels' fixed costs).
+TEST(ProfileKernelWork, AnUnpacedChipLearnsTheSameKernelsAtTheHostsSpeed) {
+  const Cluster cluster = pair_cluster();
+  const TransformerShape shape = one_block();
+  const ChipMeasurement paced = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.rounds = 1}),
+                        unpaced = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.rounds = 1, .unpaced = true});
+  ASSERT_EQ(paced.kernel_work.size(), unpaced.kernel_work.size());
+  for (const auto& [key, seconds] : paced.kernel_work) EXPECT_TRUE(unpaced.kernel_work.contains(key)) << key;
+  const auto gemms_s = [](const ChipMeasurement& m) {
+    double sum = 0;
+    for (const GemmTiming& g : m.gemms) sum += g.seconds + 2 * m.kernel_overhead_s;
+    return sum;
+  };
+  EXPECT_GT(gemms_s(paced), 1.4 * gemms_s(unpaced));
+}
+
 // A TP group waits at each all-reduce for its slowest rank, so h2 profile times a block and the head on every rank
 // and keeps the slowest, forward and backward apart (a run's forward and backward actions). Here the second TP rank's
 // own head forward kernels (101 tokens: its vocabulary shard is 51 rows to the first's 50; the logits and the loss)
