@@ -354,16 +354,21 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   run_stage_kernels(dev, B, /*optimizer=*/true);
   // And at each multiple of the micro-batch by 2, 4, ... up to options.max_rows sequences: a replica may run more
   // rows than one micro-batch at once (larger micro-batches, pipelines folded onto fewer replicas). Their work does
-  // not depend on the chip's speed, so an unpaced copy of the chip learns it (the optimizer's does not depend on the
-  // rows). Without them listed, a run whose replicas ran 4 or 8 rows paced its kernels by the host of the moment
-  // instead of the profile: 0.81-1.06 of its simulation in four runs of bench/run_hetero.sh (2026-12-05).
+  // not depend on the chip's speed, so an unpaced copy of the chip learns it (the chip itself when it runs unpaced
+  // already, MeasureOptions::unpaced; the optimizer's does not depend on the rows). Without them listed, a run whose
+  // replicas ran 4 or 8 rows paced its kernels by the host of the moment instead of the profile: 0.81-1.06 of its
+  // simulation in four runs of bench/run_hetero.sh (2026-12-05).
   std::unique_ptr<Device> unpaced;
-  if (spec.emu && options.max_rows >= 2 * B) {
+  if (spec.emu && !options.unpaced && options.max_rows >= 2 * B) {
     DeviceSpec at_host_speed = spec;
     at_host_speed.emu->speed = 1.0;
     at_host_speed.emu->mem_bandwidth_gbps = 0.0;
     unpaced = create_device(at_host_speed);
-    for (int rows = 2 * B; rows <= options.max_rows && !reference; rows *= 2) run_stage_kernels(*unpaced, rows, false);
+  }
+  if (spec.emu) {
+    for (int rows = 2 * B; rows <= options.max_rows && !reference; rows *= 2) {
+      run_stage_kernels(unpaced ? *unpaced : dev, rows, false);
+    }
   }
   // The model's GEMMs at those rows too (but 4 times the micro-batch's, timed above), not fitted but kept for the
   // cost model's corrections (ChipType::matmul_corrections, which it otherwise holds beyond 4 times: on 2026-12-05 a

@@ -341,13 +341,16 @@ TEST(ProfileKernelWork, ListsTheKernelsOfATensorParallelStageAtEachRowsUpToMaxRo
 }
 
 // h2 profile's first pass learns a chip type's kernel work on the chip unpaced (MeasureOptions::unpaced): the same
-// kernels as paced, at the host's speed — the paced chip's times are the host's over its speed (0.4 here: 2.5 times
-// them; the test asks for more than 1.4 in the GEMMs, each with its two kernels' fixed costs).
+// kernels as paced, those at 2 and 4 sequences with max_rows 4 included, at the host's speed — the paced chip's
+// times are the host's over its speed (0.4 here: 2.5 times them; the test asks for more than 1.4 in the GEMMs, each
+// with its two kernels' fixed costs).
 TEST(ProfileKernelWork, AnUnpacedChipLearnsTheSameKernelsAtTheHostsSpeed) {
   const Cluster cluster = pair_cluster();
   const TransformerShape shape = one_block();
-  const ChipMeasurement paced = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.rounds = 1}),
-                        unpaced = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.rounds = 1, .unpaced = true});
+  const ChipMeasurement paced = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.rounds = 1, .max_rows = 4}),
+                        unpaced = measure_chip(cluster, "c", shape, 1, Precision::kF32,
+                                               {.rounds = 1, .unpaced = true, .max_rows = 4});
+  for (const uint64_t key : stage_kernels(shape, 4, false)) EXPECT_TRUE(unpaced.kernel_work.contains(key)) << key;
   ASSERT_EQ(paced.kernel_work.size(), unpaced.kernel_work.size());
   for (const auto& [key, seconds] : paced.kernel_work) EXPECT_TRUE(unpaced.kernel_work.contains(key)) << key;
   const auto gemms_s = [](const ChipMeasurement& m) {
