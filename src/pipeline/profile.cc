@@ -791,7 +791,7 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   const int me = world.rank();
   // The measuring ranks, in order, twice, each telling the others how it goes (take_turns). The first pass
   // finds each kernel's least work on this host, the chip unpaced (its times are not kept: two rounds, the first to
-  // warm up; paced, as until 2026-12-07, it took 134 of the built-in example's 280 s on an AVX2-only host); the
+  // warm up; paced, as until 2026-12-07, it took 134 of the built-in example's 283 s on an AVX2-only host); the
   // second measures with the chip paced to it, as training will pace (the profiled cluster's kernel_work), and is
   // the one kept (two timed rounds: paced, its rounds differ only by what the host adds; measured 2026-12-05, the
   // three timed rounds of the old four within 3.5% of each other but for one attention core at twice its time).

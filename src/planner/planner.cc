@@ -23,6 +23,9 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// "1 stage", "3 stages" (fit failures' messages).
+std::string count_stages(size_t stages) { return cat(stages, stages == 1 ? " stage" : " stages"); }
+
 // A stage's blocks by what it holds of them, from half-block `first` to `end` (a block is two half-blocks, its
 // attention half first): whole blocks, a lone MLP half at its start, a lone attention half at its end.
 BlockHalves pieces(int64_t first, int64_t end) {
@@ -795,8 +798,9 @@ std::optional<Split> balanced_split(const CostModel& c, const Layout& layout, co
   }
   if (capacity < L) {
     if (failure) {
-      failure->what = cat("the ", p, " stages hold at most ", capacity, " of ", L, " layers in memory even with ",
-                          recompute_name(choices.back()), " recomputation");
+      failure->what =
+          cat("the ", count_stages(static_cast<size_t>(p)), p == 1 ? " holds" : " hold", " at most ", capacity, " of ",
+              L, " layers in memory even with ", recompute_name(choices.back()), " recomputation");
       failure->shortfall_bytes = (L - capacity) * (terms.front().state_layer_bytes);
     }
     return std::nullopt;
@@ -1185,8 +1189,8 @@ struct Search {
       const double need = layers_state_bytes(c, l.stage_dp(0));
       f.shortfall_bytes = need * (1 - room / L);
       f.what = cat("the layers' weights, gradients and optimizer state need ", format_bytes(need),
-                   " per pipeline but a layout of ", l.stages.size(), " stages holds ", format_bytes(need * room / L),
-                   " (short by ", format_bytes(f.shortfall_bytes), ")");
+                   " per pipeline but a layout of ", count_stages(l.stages.size()), " holds ",
+                   format_bytes(need * room / L), " (short by ", format_bytes(f.shortfall_bytes), ")");
       std::lock_guard<std::mutex> lock(mu);
       if (closest.what.empty() || f.shortfall_bytes < closest.shortfall_bytes) closest = f;
       return;
