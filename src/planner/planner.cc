@@ -459,6 +459,28 @@ std::optional<RecomputeChoice> fastest_fit(const std::vector<Recompute>& choices
   return best;
 }
 
+// What the error when nothing fits suggests: each remedy the training setup does not already take (its field in the
+// train file), then more memory, which always helps.
+std::string fit_hint(const TrainSetup& t) {
+  std::vector<std::string> ways;
+  if (std::ranges::find(t.allowed_recompute, Recompute::kFull) == t.allowed_recompute.end()) {
+    ways.push_back("allow full recomputation (recompute: [none, selective, full])");
+  }
+  if (!t.zero1) ways.push_back("enable ZeRO-1 (zero1: true)");
+  if (std::ranges::min(t.micro_batches) > 1) ways.push_back("allow a micro-batch of 1 (micro_batches: [1, ...])");
+  if (t.max_tp > 0) ways.push_back(cat("allow more tensor parallelism than ", t.max_tp, " (max_tp: 0, any)"));
+  std::string hint = "Hint: ";
+  for (size_t i = 0; i < ways.size(); ++i) hint += (i == 0 ? "in the train file, " : " or ") + ways[i];
+  return hint + (ways.empty() ? "" : "; or ") + "add devices with more memory";
+}
+
+// Whether f is the failure to report rather than `than`: the smaller shortfall, ties by text (the search's threads
+// reach layouts in any order, the error does not depend on it).
+bool closer(const FitFailure& f, const FitFailure& than) {
+  if (than.what.empty()) return true;
+  return std::tie(f.shortfall_bytes, f.what) < std::tie(than.shortfall_bytes, than.what);
+}
+
 std::string describe_stage(const CostModel& c, int i, const StageTerms& t) {
   return cat("stage ", i, " (", c.cluster().chips[static_cast<size_t>(t.chip)].name, ", TP ", t.tp, ")");
 }
@@ -1192,7 +1214,7 @@ struct Search {
                    " per pipeline but a layout of ", count_stages(l.stages.size()), " holds ",
                    format_bytes(need * room / L), " (short by ", format_bytes(f.shortfall_bytes), ")");
       std::lock_guard<std::mutex> lock(mu);
-      if (closest.what.empty() || f.shortfall_bytes < closest.shortfall_bytes) closest = f;
+      if (closer(f, closest)) closest = f;
       return;
     }
     const double least = lower_bound(l);
@@ -1223,7 +1245,7 @@ struct Search {
         ends_alone.push_back(l);
         ends_alone.back().stages[static_cast<size_t>(f.vocabulary_alone)].vocabulary_only = true;
       }
-      if (closest.what.empty() || (f.shortfall_bytes > 0 && f.shortfall_bytes < closest.shortfall_bytes)) closest = f;
+      if (closest.what.empty() || (f.shortfall_bytes > 0 && closer(f, closest))) closest = f;
       return;
     }
     // Every micro-batch passes the slowest stage: m x bottleneck bounds the step from below; 1F1B's closed form is
@@ -1713,10 +1735,10 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     }
   }
   if (!search.best) {
-    throw Error(ErrorCode::kInvalidArgument,
-                cat("the model fits nowhere on cluster ", c.cluster().name, ": ",
-                    search.closest.what.empty() ? "no layout was found" : search.closest.what,
-                    ". Hint: allow full recomputation, enable ZeRO-1, or add devices with more memory"));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        cat("the model fits nowhere on cluster ", c.cluster().name, ": ",
+            search.closest.what.empty() ? "no layout was found" : search.closest.what, ". ", fit_hint(c.train())));
   }
   search.settle();
   search.pick_by_replay();

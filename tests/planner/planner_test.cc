@@ -571,7 +571,8 @@ TEST(BuiltInExample, UniformSplitFitsOnlyByRecomputingEverythingOnTheFastChips) 
   EXPECT_THAT(
       error_of([&] { plan_training(CostModel(cluster.only(fast), model, setup), {}); }, ErrorCode::kInvalidArgument),
       HasSubstr("the model fits nowhere on cluster local-emu/fast: the 1 stage holds at most 2 of 4 layers in memory "
-                "even with full recomputation"));
+                "even with full recomputation. Hint: in the train file, enable ZeRO-1 (zero1: true); or add devices "
+                "with more memory"));
   const CostModel costs(cluster, model, setup);
   const Plan plan = plan_training(costs, PlannerOptions{.interleave = false});
   const std::optional<Plan> uniform = plan_uniform(costs, layout_of(plan, cluster));
@@ -584,6 +585,27 @@ TEST(BuiltInExample, UniformSplitFitsOnlyByRecomputingEverythingOnTheFastChips) 
   EXPECT_LT(plan.step_s, uniform->step_s);
   setup.allowed_recompute = {Recompute::kNone, Recompute::kSelective};
   EXPECT_FALSE(plan_uniform(CostModel(cluster, model, setup), layout_of(plan, cluster)).has_value());
+}
+
+// The hint names only what the setup does not already do, by its field in the train file (it suggested allowing full
+// recomputation beside "even with full recomputation"); and which of equally short layouts the error names does not
+// depend on how the search's threads ran.
+TEST(Search, FitsNowhereHintsOnlyAtWhatTheSetupDoesNotDo) {
+  const Example example = load_example("cluster_local.yaml", "model_small.yaml", "train_local.yaml");
+  TrainSetup setup = example.train;
+  setup.allowed_recompute = {Recompute::kNone, Recompute::kSelective};
+  setup.zero1 = true;
+  setup.micro_batches = {2, 4};
+  setup.max_tp = 1;
+  const Cluster fast = example.cluster.only(example.cluster.chip_index("fast"));
+  const CostModel costs(fast, example.model, setup);
+  const std::string one = error_of([&] { plan_training(costs, {.threads = 1}); }, ErrorCode::kInvalidArgument);
+  EXPECT_THAT(one, HasSubstr(". Hint: in the train file, allow full recomputation (recompute: [none, selective, "
+                             "full]) or allow a micro-batch of 1 (micro_batches: [1, ...]) or allow more tensor "
+                             "parallelism than 1 (max_tp: 0, any); or add devices with more memory"));
+  for (int threads : {2, 8}) {
+    EXPECT_EQ(error_of([&] { plan_training(costs, {.threads = threads}); }, ErrorCode::kInvalidArgument), one);
+  }
 }
 
 TEST(Search, FitsNowhereSaysWhyAndByHowMuch) {
