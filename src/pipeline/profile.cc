@@ -812,12 +812,13 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
                   .reference = &m.kernel_work,
                   .max_rows = max_rows,
                   .progress = progress};
+        const MeasureOptions& how = measured ? timed : learn;
         const char* pass =
             measured ? "pass 2 of 2, timed as training paces its kernels" : "pass 1 of 2, learning its kernels' work";
         std::printf("h2 profile: rank %d measures chip type '%s' (%s)\n", me, chip.c_str(), pass);
         std::fflush(stdout);
         const double start = monotonic_seconds();
-        m = measure_chip(cluster, chip, shape, micro_batch, precision, measured ? timed : learn);
+        m = measure_chip(cluster, chip, shape, micro_batch, precision, how);
         std::printf("h2 profile: rank %d measured '%s' (%s) in %s\n", me, chip.c_str(), pass,
                     format_seconds(monotonic_seconds() - start).c_str());
         std::fflush(stdout);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <span>
@@ -457,21 +458,6 @@ std::optional<RecomputeChoice> fastest_fit(const std::vector<Recompute>& choices
     }
   }
   return best;
-}
-
-// What the error when nothing fits suggests: each remedy the training setup does not already take (its field in the
-// train file), then more memory, which always helps.
-std::string fit_hint(const TrainSetup& t) {
-  std::vector<std::string> ways;
-  if (std::ranges::find(t.allowed_recompute, Recompute::kFull) == t.allowed_recompute.end()) {
-    ways.push_back("allow full recomputation (recompute: [none, selective, full])");
-  }
-  if (!t.zero1) ways.push_back("enable ZeRO-1 (zero1: true)");
-  if (std::ranges::min(t.micro_batches) > 1) ways.push_back("allow a micro-batch of 1 (micro_batches: [1, ...])");
-  if (t.max_tp > 0) ways.push_back(cat("allow more tensor parallelism than ", t.max_tp, " (max_tp: 0, any)"));
-  std::string hint = "Hint: ";
-  for (size_t i = 0; i < ways.size(); ++i) hint += (i == 0 ? "in the train file, " : " or ") + ways[i];
-  return hint + (ways.empty() ? "" : "; or ") + "add devices with more memory";
 }
 
 // Whether f is the failure to report rather than `than`: the smaller shortfall, ties by text (the search's threads
@@ -1630,8 +1616,90 @@ struct Search {
 
 }  // namespace
 
+namespace {
+
+Plan search_plan(const CostModel& c, const PlannerOptions& options, SearchStats* stats, bool hint);
+
+// What the error when nothing fits suggests: of what the training setup does not already do (full recomputation,
+// ZeRO-1, a micro-batch of 1, any TP), each by its field in the train file, those under which the search then finds
+// a plan (each alone, then all together; at most a second's search each); else more devices.
+std::string fit_hint(const CostModel& c, const PlannerOptions& options) {
+  struct Remedy {
+    const char* field;
+    std::function<void(TrainSetup&)> apply;
+  };
+  const TrainSetup& t = c.train();
+  std::vector<Remedy> lacking;
+  if (std::ranges::find(t.allowed_recompute, Recompute::kFull) == t.allowed_recompute.end()) {
+    lacking.push_back({"recompute: [none, selective, full]", [](TrainSetup& s) {
+                         s.allowed_recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+                       }});
+  }
+  if (!t.zero1) lacking.push_back({"zero1: true", [](TrainSetup& s) { s.zero1 = true; }});
+  if (std::ranges::min(t.micro_batches) > 1) {
+    lacking.push_back(
+        {"micro_batches: [1, ...]", [](TrainSetup& s) { s.micro_batches.insert(s.micro_batches.begin(), 1); }});
+  }
+  if (t.max_tp > 0 &&
+      std::ranges::any_of(c.cluster().groups, [&](const NodeGroup& g) { return g.chips_per_node > t.max_tp; })) {
+    lacking.push_back({"max_tp: 0", [](TrainSetup& s) { s.max_tp = 0; }});
+  }
+  const auto fits_with = [&](std::span<const Remedy> remedies) {
+    TrainSetup setup = t;
+    for (const Remedy& r : remedies) r.apply(setup);
+    PlannerOptions quick = options;
+    quick.time_budget_s = std::min(options.time_budget_s, 1.0);
+    try {
+      search_plan(CostModel(c.cluster(), c.model(), setup), quick, nullptr, false);
+      return true;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+      return false;
+    }
+  };
+  // "a", "a or b", "a, b or c" (with `last` for " or ").
+  const auto list = [](const std::vector<std::string>& items, const char* last) {
+    std::string out;
+    for (size_t i = 0; i < items.size(); ++i) out += (i == 0 ? "" : i + 1 == items.size() ? last : ", ") + items[i];
+    return out;
+  };
+  std::vector<std::string> fitting, tried;
+  for (const Remedy& r : lacking) {
+    tried.push_back(r.field);
+    if (fits_with(std::span(&r, 1))) fitting.push_back(r.field);
+  }
+  if (!fitting.empty()) return cat("Hint: it fits with ", list(fitting, " or with "), " in the train file");
+  if (lacking.size() > 1 && fits_with(lacking)) {
+    // All of them are enough: leave out each that the others do without.
+    for (size_t i = 0; i < lacking.size();) {
+      std::vector<Remedy> others = lacking;
+      others.erase(others.begin() + static_cast<std::ptrdiff_t>(i));
+      if (fits_with(others)) {
+        lacking = std::move(others);
+      } else {
+        ++i;
+      }
+    }
+    std::vector<std::string> needed;
+    for (const Remedy& r : lacking) needed.push_back(r.field);
+    return cat("Hint: it fits with ", list(needed, " and "), " in the train file");
+  }
+  return cat(
+      "Hint: add devices, or devices with more memory",
+      tried.empty() ? "" : cat(" (with ", list(tried, " or "), " in the train file the search found no plan either)"));
+}
+
+}  // namespace
+
 Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStats* stats) {
+  return search_plan(c, options, stats, true);
+}
+
+namespace {
+
+Plan search_plan(const CostModel& c, const PlannerOptions& options, SearchStats* stats, bool hint) {
   const double t0 = monotonic_seconds();
+
   Search search{c, options, "", {}, t0 + options.time_budget_s};
   int devices = 0;
   for (size_t i = 0; i < c.cluster().chips.size(); ++i) {
@@ -1735,10 +1803,10 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
     }
   }
   if (!search.best) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        cat("the model fits nowhere on cluster ", c.cluster().name, ": ",
-            search.closest.what.empty() ? "no layout was found" : search.closest.what, ". ", fit_hint(c.train())));
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("the model fits nowhere on cluster ", c.cluster().name, ": ",
+                    search.closest.what.empty() ? "no layout was found" : search.closest.what,
+                    hint ? cat(". ", fit_hint(c, options)) : ""));
   }
   search.settle();
   search.pick_by_replay();
@@ -1757,5 +1825,7 @@ Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStat
   }
   return plan;
 }
+
+}  // namespace
 
 }  // namespace h2

@@ -571,8 +571,8 @@ TEST(BuiltInExample, UniformSplitFitsOnlyByRecomputingEverythingOnTheFastChips) 
   EXPECT_THAT(
       error_of([&] { plan_training(CostModel(cluster.only(fast), model, setup), {}); }, ErrorCode::kInvalidArgument),
       HasSubstr("the model fits nowhere on cluster local-emu/fast: the 1 stage holds at most 2 of 4 layers in memory "
-                "even with full recomputation. Hint: in the train file, enable ZeRO-1 (zero1: true); or add devices "
-                "with more memory"));
+                "even with full recomputation. Hint: add devices, or devices with more memory (with zero1: true in "
+                "the train file the search found no plan either)"));
   const CostModel costs(cluster, model, setup);
   const Plan plan = plan_training(costs, PlannerOptions{.interleave = false});
   const std::optional<Plan> uniform = plan_uniform(costs, layout_of(plan, cluster));
@@ -587,25 +587,44 @@ TEST(BuiltInExample, UniformSplitFitsOnlyByRecomputingEverythingOnTheFastChips) 
   EXPECT_FALSE(plan_uniform(CostModel(cluster, model, setup), layout_of(plan, cluster)).has_value());
 }
 
-// The hint names only what the setup does not already do, by its field in the train file (it suggested allowing full
-// recomputation beside "even with full recomputation"); and which of equally short layouts the error names does not
-// depend on how the search's threads ran.
-TEST(Search, FitsNowhereHintsOnlyAtWhatTheSetupDoesNotDo) {
+// The hint names what the setup does not already do by its field in the train file, and says which of them the search
+// then finds a plan with (it suggested allowing full recomputation beside "even with full recomputation", and ZeRO-1
+// on the built-in example's fast chips, which does not make them fit); which of equally short layouts the error names
+// does not depend on how the search's threads ran.
+TEST(Search, FitsNowhereHintsAtWhatWouldMakeItFit) {
   const Example example = load_example("cluster_local.yaml", "model_small.yaml", "train_local.yaml");
+  const Cluster fast = example.cluster.only(example.cluster.chip_index("fast"));
   TrainSetup setup = example.train;
   setup.allowed_recompute = {Recompute::kNone, Recompute::kSelective};
   setup.zero1 = true;
   setup.micro_batches = {2, 4};
   setup.max_tp = 1;
-  const Cluster fast = example.cluster.only(example.cluster.chip_index("fast"));
-  const CostModel costs(fast, example.model, setup);
-  const std::string one = error_of([&] { plan_training(costs, {.threads = 1}); }, ErrorCode::kInvalidArgument);
-  EXPECT_THAT(one, HasSubstr(". Hint: in the train file, allow full recomputation (recompute: [none, selective, "
-                             "full]) or allow a micro-batch of 1 (micro_batches: [1, ...]) or allow more tensor "
-                             "parallelism than 1 (max_tp: 0, any); or add devices with more memory"));
+  // Four blocks: nothing the train file can change makes them fit on the fast chips (2 at most).
+  const CostModel four(fast, example.model, setup);
+  const std::string one = error_of([&] { plan_training(four, {.threads = 1}); }, ErrorCode::kInvalidArgument);
+  EXPECT_THAT(one, HasSubstr(". Hint: add devices, or devices with more memory (with recompute: [none, selective, "
+                             "full], micro_batches: [1, ...] or max_tp: 0 in the train file the search found no plan "
+                             "either)"));
   for (int threads : {2, 8}) {
-    EXPECT_EQ(error_of([&] { plan_training(costs, {.threads = threads}); }, ErrorCode::kInvalidArgument), one);
+    EXPECT_EQ(error_of([&] { plan_training(four, {.threads = threads}); }, ErrorCode::kInvalidArgument), one);
   }
+  // Fewer blocks fit with some of them: full recomputation alone, or only together with a micro-batch of 1 (each
+  // alone is not enough), or a micro-batch of 1 and TP 2 but not full recomputation, which the hint leaves out; TP 2
+  // is the most a node of two chips allows, so max_tp: 2 is no limit to lift.
+  const auto hint = [&](int layers, std::vector<int> micro_batches, int max_tp) {
+    TransformerShape model = example.model;
+    model.layers = layers;
+    TrainSetup s = setup;
+    s.micro_batches = std::move(micro_batches);
+    s.max_tp = max_tp;
+    const std::string error =
+        error_of([&] { plan_training(CostModel(fast, model, s), {}); }, ErrorCode::kInvalidArgument);
+    return error.substr(error.find("Hint: "));
+  };
+  EXPECT_EQ(hint(2, {1, 2, 4}, 2), "Hint: it fits with recompute: [none, selective, full] in the train file");
+  EXPECT_EQ(hint(2, {2, 4}, 2),
+            "Hint: it fits with recompute: [none, selective, full] and micro_batches: [1, ...] in the train file");
+  EXPECT_EQ(hint(1, {2, 4}, 1), "Hint: it fits with micro_batches: [1, ...] and max_tp: 0 in the train file");
 }
 
 TEST(Search, FitsNowhereSaysWhyAndByHowMuch) {
