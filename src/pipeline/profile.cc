@@ -805,21 +805,25 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   take_turns(
       world, measuring_turns(chips, /*passes=*/2),
       [&](const std::function<void()>& progress) {
-        const MeasureOptions learn{
-            .rounds = 1, .min_seconds = 2.0, .unpaced = true, .max_rows = max_rows, .progress = progress},
-            timed{.rounds = 2,
-                  .min_seconds = 1.0,
-                  .reference = &m.kernel_work,
-                  .max_rows = max_rows,
-                  .progress = progress};
-        const MeasureOptions& how = measured ? timed : learn;
-        const char* pass =
-            measured ? "pass 2 of 2, timed as training paces its kernels" : "pass 1 of 2, learning its kernels' work";
-        std::printf("h2 profile: rank %d measures chip type '%s' (%s)\n", me, chip.c_str(), pass);
+        struct Pass {
+          const char* label;
+          MeasureOptions options;
+        };
+        const Pass pass =
+            measured
+                ? Pass{"pass 2 of 2, timed as training paces its kernels",
+                       {.rounds = 2,
+                        .min_seconds = 1.0,
+                        .reference = &m.kernel_work,
+                        .max_rows = max_rows,
+                        .progress = progress}}
+                : Pass{"pass 1 of 2, learning its kernels' work",
+                       {.rounds = 1, .min_seconds = 2.0, .unpaced = true, .max_rows = max_rows, .progress = progress}};
+        std::printf("h2 profile: rank %d measures chip type '%s' (%s)\n", me, chip.c_str(), pass.label);
         std::fflush(stdout);
         const double start = monotonic_seconds();
-        m = measure_chip(cluster, chip, shape, micro_batch, precision, how);
-        std::printf("h2 profile: rank %d measured '%s' (%s) in %s\n", me, chip.c_str(), pass,
+        m = measure_chip(cluster, chip, shape, micro_batch, precision, pass.options);
+        std::printf("h2 profile: rank %d measured '%s' (%s) in %s\n", me, chip.c_str(), pass.label,
                     format_seconds(monotonic_seconds() - start).c_str());
         std::fflush(stdout);
         measured = true;
