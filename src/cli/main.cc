@@ -10,6 +10,29 @@
 #include "core/error.h"
 #include "core/log.h"
 
+namespace {
+
+// Prints an error the command threw as "h2: error: ..." and returns the exit status, 1.
+int report_error(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const h2::Error& e) {
+    std::fprintf(stderr, "h2: error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "h2: error: out of host memory. Hint: a smaller model, batch, sequence or --chunks, or fewer ranks "
+                 "on this host\n");
+  } catch (const std::exception& e) {  // a defect: every input error should be an h2::Error naming its cause
+    std::fprintf(stderr, "h2: error: %s (unexpected; please report it with the command that caused it)\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr,
+                 "h2: error: an unknown exception (unexpected; please report it with the command that caused it)\n");
+  }
+  return 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{
       "H2: train large language models on clusters that mix chip types and vendors.\n"
@@ -43,16 +66,8 @@ int main(int argc, char** argv) {
   if (verbose) h2::set_log_level(h2::LogLevel::kDebug);
   try {
     return selected ? selected() : 0;
-  } catch (const h2::Error& e) {
-    std::fprintf(stderr, "h2: error: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "h2: error: out of host memory. Hint: a smaller model, batch, sequence or --chunks, or fewer ranks "
-                 "on this host\n");
-    return 1;
-  } catch (const std::exception& e) {  // a defect: every input error should be an h2::Error naming its cause
-    std::fprintf(stderr, "h2: error: %s (unexpected; please report it with the command that caused it)\n", e.what());
-    return 1;
+  } catch (...) {
+    std::fflush(stdout);  // what the command printed comes before its error where both go to one pipe
+    return report_error(std::current_exception());
   }
 }

@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <fstream>
+#include <limits>
+#include <string>
 
 #include "core/error.h"
 #include "core/format.h"
@@ -48,6 +51,17 @@ std::vector<std::string> hardware_lines() {
 size_t host_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : size_t{1} << 34;
+}
+
+size_t available_host_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") return kib << 10;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return host_memory_bytes();
 }
 
 std::unique_ptr<Device> create_device(const DeviceSpec& spec) {

@@ -38,5 +38,8 @@ EmuProfile default_emu_profile();
 std::unique_ptr<Device> create_device(const DeviceSpec& spec);
 
 size_t host_memory_bytes();
+// What this host can give without swapping: /proc/meminfo's MemAvailable (host_memory_bytes() where it cannot be
+// read).
+size_t available_host_memory_bytes();
 
 }  // namespace h2

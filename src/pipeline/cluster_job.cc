@@ -16,9 +16,12 @@
 #include "comm/launch.h"
 #include "core/clock.h"
 #include "core/config.h"
+#include "core/error.h"
 #include "core/file.h"
+#include "core/format.h"
 #include "core/log.h"
 #include "core/signals.h"
+#include "device/registry.h"
 #include "pipeline/profile.h"
 #include "planner/catalog.h"
 #include "planner/layout.h"
@@ -147,6 +150,31 @@ int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool
   return r.interrupted ? 130 : 0;
 }
 
+double local_ranks_host_bytes(const Plan& plan, const Cluster& cluster) {
+  double bytes = 0;
+  for (const StagePlan& stage : plan.stages) {
+    for (const ReplicaGroup& g : stage.replica_groups()) {
+      const int devices = stage.tp * g.replicas;
+      const bool in_host_memory = cluster.chips[static_cast<size_t>(cluster.chip_index(g.chip))].backend != "cuda";
+      bytes += devices * (kRankProcessBytes + (in_host_memory ? g.memory_bytes : 0.0));
+    }
+  }
+  return bytes;
+}
+
+void check_host_memory(const Plan& plan, const Cluster& cluster, double available) {
+  const double need = local_ranks_host_bytes(plan, cluster);
+  if (need <= available) return;
+  const int ranks = stage_layout_of(plan).world_size();
+  const double processes = ranks * kRankProcessBytes;
+  throw Error(ErrorCode::kConfig,
+              cat("this plan starts ", ranks, " ranks on this host, which need about ", format_bytes(need),
+                  " of its memory (", format_bytes(need - processes), " for the devices whose memory is the host's, ",
+                  format_bytes(kRankProcessBytes), " for each rank's process) and it has ", format_bytes(available),
+                  " available. Plan for fewer devices (a cluster file with fewer nodes, or --plan a plan.json that "
+                  "uses fewer), or start the ranks across hosts with mpirun or srun and --plan (docs/pipeline.md)"));
+}
+
 int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOptions& options) {
   ClusterJob in = load_cluster_job(files, resume);
   const std::string& out_dir = in.run.config.out_dir;
@@ -185,6 +213,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   const std::string plan_path = (fs::path(out_dir) / "plan.json").string();
   save_plan(in.run.plan, plan_path);
   write_cluster_file(planned_on, files.cluster, out_dir);
+  check_host_memory(in.run.plan, in.run.cluster, static_cast<double>(available_host_memory_bytes()));
   std::printf("launching %d ranks (one per device, on its chip type's backend); outputs in %s\n", ranks,
               out_dir.c_str());
   std::fflush(stdout);

@@ -414,6 +414,25 @@ class ClusterTraining : public ::testing::Test {
   std::string dir_, cluster_, model_, train_, config_;
 };
 
+// A plan whose ranks need more of this host's memory than it has is refused before any rank starts, after the plan
+// (printed first, though stdout is a pipe here), with the figures and what to do instead; nothing is launched.
+TEST_F(ClusterTraining, APlanNeedingMoreHostMemoryThanThereIsStartsNoRank) {
+  const std::string plan = dir_ + "/plan.json", big = dir_ + "/big.json";
+  ASSERT_EQ(
+      run_h2("plan --cluster " + cluster_ + " --model " + model_ + " --train " + train_ + " --out " + plan).status, 0);
+  nlohmann::json json = nlohmann::json::parse(read_file(plan));
+  json["stages"][0]["memory_bytes"] = 1e18;  // an emulated device of an exabyte: no host has it
+  std::ofstream(big) << json.dump();
+  const Result r = run_h2(command() + " --plan " + big);
+  EXPECT_EQ(r.status, 1) << r.output;
+  const size_t printed = r.output.find("predicted: step"), error = r.output.find("h2: error: this plan starts 2 ranks");
+  ASSERT_NE(error, std::string::npos) << r.output;
+  EXPECT_LT(printed, error) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("Plan for fewer devices"));
+  EXPECT_THAT(r.output, Not(HasSubstr("launching")));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/run/metrics.jsonl"));
+}
+
 // A chip type may run on this host's cores instead of an emulation (backend: cpu), as a GPU's would on the GPU
 // (backend: cuda): one job, two backends, each rank on its own.
 TEST_F(ClusterTraining, EachChipTypeRunsOnItsBackend) {

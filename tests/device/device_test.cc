@@ -1,6 +1,8 @@
 // The device runtime: capacity, peak counter, copies, the registry.
 #include "device/device.h"
 
+#include <unistd.h>
+
 #include <vector>
 
 #include "device/registry.h"
@@ -32,6 +34,17 @@ TEST(Registry, UnknownBackendListsTheKnownOnes) {
   const std::string msg = error_of([] { create_device(DeviceSpec{.backend = "tpu"}); }, ErrorCode::kNotFound);
   EXPECT_THAT(msg, HasSubstr("unknown backend 'tpu'"));
   EXPECT_THAT(msg, HasSubstr("ref, cpu, emu"));
+}
+
+// What the host can give (h2 train --cluster checks its ranks against it): /proc/meminfo's MemAvailable, at most
+// the host's memory and, as it counts the page cache the kernel can drop besides what is free, not much less than
+// what is free (read in KiB, not bytes).
+TEST(Registry, AvailableHostMemoryIsBetweenTheFreeAndTheWholeMemory) {
+  const double available = static_cast<double>(available_host_memory_bytes());
+  const double free_bytes =
+      static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  EXPECT_LE(available, static_cast<double>(host_memory_bytes()));
+  EXPECT_GT(available, 0.5 * free_bytes);
 }
 
 TEST(Device, AllocationPastCapacityIsOutOfMemory) {

@@ -94,6 +94,45 @@ TEST(ClusterJobReport, ARunMissingItsSimulationByMoreThanTenPercentNamesTheFix) 
               HasSubstr("the run took 20% less time than simulated; h2 calibrate runs/y"));
 }
 
+// Every rank the driver starts takes its process's memory from this host, and an emulated or cpu chip's also its
+// device's (the plan's memory per device); a GPU's device memory is not the host's. More than the host has
+// available is refused before any rank starts, with the figures (on a 24 GiB host, 100 ranks were killed by the
+// kernel's OOM killer instead).
+TEST(ClusterJobHostMemory, RanksNeedTheirProcessesAndTheirHostMemoryDevices) {
+  const Cluster cluster = load_cluster(ConfigNode::parse_string(
+      "name: t\nchips:\n"
+      "  - {name: emu, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1}\n"
+      "  - {name: gpu, peak_tflops: 1, memory_gib: 1, memory_bandwidth_gbps: 1, backend: cuda}\n"
+      "groups:\n"
+      "  - {chip: emu, nodes: 1, chips_per_node: 4, intra_node_gbps: 1, nic_gbps: 1}\n"
+      "  - {chip: gpu, nodes: 1, chips_per_node: 4, intra_node_gbps: 1, nic_gbps: 1}\n"
+      "links:\n  - {between: [emu, gpu], bandwidth_gbps: 1, latency_us: 1}\n",
+      "cluster.yaml"));
+  constexpr double MiB = 1 << 20;
+  Plan plan;
+  plan.stages.resize(3);
+  plan.stages[0] = StagePlan{.chip = "emu", .chip_index = 0, .tp = 2, .dp = 1, .layers = 1, .embedding = true};
+  plan.stages[0].memory_bytes = 100 * MiB;
+  plan.stages[1] = StagePlan{.chip = "gpu", .chip_index = 1, .tp = 1, .dp = 2, .first_layer = 1, .layers = 1};
+  plan.stages[1].memory_bytes = 700 * MiB;
+  // Replicas of both types: one emulated (300 MiB a device) and one GPU replica, TP 1.
+  plan.stages[2] = StagePlan{.chip = "emu", .chip_index = 0, .tp = 1, .dp = 2, .first_layer = 2, .layers = 1};
+  plan.stages[2].head = true;
+  plan.stages[2].groups = {ReplicaGroup{.chip = "emu", .chip_index = 0, .replicas = 1, .rows = 1},
+                           ReplicaGroup{.chip = "gpu", .chip_index = 1, .replicas = 1, .rows = 1}};
+  plan.stages[2].groups[0].memory_bytes = 300 * MiB;
+  plan.stages[2].groups[1].memory_bytes = 500 * MiB;
+  // By hand: 6 processes of 256 MiB, 2 x 100 MiB and 300 MiB of emulated devices (2,036 MiB, 1.99 GiB); the GPUs'
+  // 700 and 500 MiB not.
+  const double need = (6 * 256 + 2 * 100 + 300) * MiB;
+  EXPECT_DOUBLE_EQ(local_ranks_host_bytes(plan, cluster), need);
+  check_host_memory(plan, cluster, need);
+  EXPECT_THAT(error_of([&] { check_host_memory(plan, cluster, need - 1); }, ErrorCode::kConfig),
+              HasSubstr("this plan starts 6 ranks on this host, which need about 1.99 GiB of its memory (500.0 MiB for "
+                        "the devices whose memory is the host's, 256.0 MiB for each rank's process) and it has 1.99 "
+                        "GiB available. Plan for fewer devices"));
+}
+
 TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
   // Enough cores: the fastest type runs at the host's speed.
   EXPECT_DOUBLE_EQ(emu_profile_of(two_types(2, 2), "fast", 8).speed, 1.0);
