@@ -228,12 +228,16 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   };
   const auto timed = [&](const std::function<void()>& fn) { return timed_on(dev, fn); };
   constexpr int kTiny = 200;  // kernels per round of the overhead measurement
-  // Rounds of every measurement until options.rounds are done after the first (a warm-up) and min_seconds have
-  // passed; the least of each is the measurement.
+  // Rounds not kept before `rounds` timed ones: one, to warm up; none on a chip paced to a reference when two or more
+  // are timed (MeasureOptions).
+  const auto warm_ups = [&](int rounds) { return reference != nullptr && rounds >= 2 ? 0 : 1; };
+  // Rounds of every measurement until options.rounds are done after the warm-up and min_seconds have passed; the
+  // least of each is the measurement.
   std::vector<double> overhead, attention_s, attention_forward_s, optim, elementwise_s;
   std::vector<std::vector<double>> gemm_s(gemms.size()), gemm_forward_s(gemms.size());
   const double start = monotonic_seconds();
-  for (int round = 0; round <= options.rounds || monotonic_seconds() - start < options.min_seconds; ++round) {
+  const int warm = warm_ups(options.rounds);
+  for (int round = 0; round < warm + options.rounds || monotonic_seconds() - start < options.min_seconds; ++round) {
     const double o = timed([&] {
       for (int i = 0; i < kTiny; ++i) ops::scale(tiny, 1.0f);
     });
@@ -254,7 +258,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
     const double p = timed([&] { optimize(head, state); });
     const double e = timed(elementwise);
     options.progress();
-    if (round == 0) continue;
+    if (round < warm) continue;
     overhead.push_back(o / kTiny);
     for (size_t i = 0; i < g.size(); ++i) gemm_s[i].push_back(g[i]), gemm_forward_s[i].push_back(gf[i]);
     attention_s.push_back(a);
@@ -290,13 +294,13 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   m.elementwise_gbps =
       elementwise_bytes / std::max(1e-9, least(elementwise_s) - elementwise_kernels * m.kernel_overhead_s) / 1e9;
   // Selective recomputation's cost as the model times it inside a selective block's backward (the least of
-  // options.rounds, after one to warm up).
+  // options.rounds, after the warm-up).
   std::vector<double> recompute;
-  for (int round = 0; round <= options.rounds; ++round) {
+  for (int round = 0; round < warm + options.rounds; ++round) {
     selective.forward(x);
     const double before = selective.recompute_seconds();
     selective.backward(dout);
-    if (round > 0) recompute.push_back(selective.recompute_seconds() - before);
+    if (round >= warm) recompute.push_back(selective.recompute_seconds() - before);
     options.progress();
   }
   m.recompute_s = least(recompute);
@@ -421,7 +425,8 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
       tp_block.init(1);
       tp_head.init(1);
       std::vector<double> block_f, block_b, head_f, head_b;
-      for (int round = 0; round <= rounds; ++round) {
+      const int warm_parts = warm_ups(rounds);
+      for (int round = 0; round < warm_parts + rounds; ++round) {
         const double bf = timed([&] { tp_block.forward(in); });
         const double bb = timed([&] { tp_block.backward(grad); });
         const double hf = timed([&] {
@@ -429,7 +434,9 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
           tp_head.loss(tokens);
         });
         const double hb = timed([&] { tp_head.backward(); });
-        if (round > 0) block_f.push_back(bf), block_b.push_back(bb), head_f.push_back(hf), head_b.push_back(hb);
+        if (round >= warm_parts) {
+          block_f.push_back(bf), block_b.push_back(bb), head_f.push_back(hf), head_b.push_back(hb);
+        }
         options.progress();
       }
       forwards[0] = std::max(forwards[0], least(block_f));
@@ -793,8 +800,9 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   // finds each kernel's least work on this host, the chip unpaced (its times are not kept: two rounds, the first to
   // warm up; paced, as until 2026-12-07, it took 134 of the built-in example's 283 s on an AVX2-only host); the
   // second measures with the chip paced to it, as training will pace (the profiled cluster's kernel_work), and is
-  // the one kept (two timed rounds: paced, its rounds differ only by what the host adds; measured 2026-12-05, the
-  // three timed rounds of the old four within 3.5% of each other but for one attention core at twice its time).
+  // the one kept (two timed rounds and, paced, none to warm up: its rounds differ only by what the host adds;
+  // measured 2026-12-05, the three timed rounds of the old four within 3.5% of each other but for one attention core
+  // at twice its time).
   // (Before, each chip type kept the faster of two passes paced by their own least work: one profile in four put the
   // fast chips' block 35% slower than the others, and a run the host slowed since its profile ran up to 9% slower than
   // its simulation; docs/pipeline.md.)

@@ -361,6 +361,23 @@ TEST(ProfileKernelWork, AnUnpacedChipLearnsTheSameKernelsAtTheHostsSpeed) {
   EXPECT_GT(gemms_s(paced), 1.4 * gemms_s(unpaced));
 }
 
+// On a chip paced to a reference, with two rounds or more, measure_chip runs no round to warm up (a paced kernel takes
+// its reference's time, cold or warm; h2 profile's timed pass): two timed rounds run as many rounds as one after a
+// warm-up. Unpaced, or learning its kernels' work, a chip still warms up: two take more than one.
+TEST(ProfileRounds, APacedChipTimesTwoRoundsWithoutAWarmUp) {
+  const Cluster cluster = pair_cluster();
+  const TransformerShape shape = one_block();
+  const ChipMeasurement learnt = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.rounds = 1});
+  const auto rounds_run = [&](int rounds, const KernelWork* reference) {
+    int progress = 0;  // one per round of each measurement
+    measure_chip(cluster, "c", shape, 1, Precision::kF32,
+                 {.rounds = rounds, .reference = reference, .progress = [&] { ++progress; }});
+    return progress;
+  };
+  EXPECT_EQ(rounds_run(2, &learnt.kernel_work), rounds_run(1, &learnt.kernel_work));
+  EXPECT_GT(rounds_run(2, nullptr), rounds_run(1, nullptr));
+}
+
 // A TP group waits at each all-reduce for its slowest rank, so h2 profile times a block and the head on every rank
 // and keeps the slowest, forward and backward apart (a run's forward and backward actions). Here the second TP rank's
 // own head forward kernels (101 tokens: its vocabulary shard is 51 rows to the first's 50; the logits and the loss)
