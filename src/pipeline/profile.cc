@@ -228,9 +228,9 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   };
   const auto timed = [&](const std::function<void()>& fn) { return timed_on(dev, fn); };
   constexpr int kTiny = 200;  // kernels per round of the overhead measurement
-  // Rounds not kept before `rounds` timed ones: one, to warm up; none on a chip paced to a reference when two or more
-  // are timed (MeasureOptions).
-  const auto warm_ups = [&](int rounds) { return reference != nullptr && rounds >= 2 ? 0 : 1; };
+  // Rounds not kept before `rounds` timed ones: one, to warm up; none on an emulated chip paced to a reference when two
+  // or more are timed (MeasureOptions).
+  const auto warm_ups = [&](int rounds) { return spec.emu && reference != nullptr && rounds >= 2 ? 0 : 1; };
   // Rounds of every measurement until options.rounds are done after the warm-up and min_seconds have passed; the
   // least of each is the measurement.
   std::vector<double> overhead, attention_s, attention_forward_s, optim, elementwise_s;

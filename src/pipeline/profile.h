@@ -100,19 +100,20 @@ struct LinkMeasurement {
 
 // How measure_chip measures: `rounds` timed rounds after one that warms up, more while `min_seconds` have not
 // passed; each figure is the least of its rounds (what the host adds - a late wake-up, another process - only
-// lengthens a round). On an emulated chip paced to a `reference`, with two rounds or more, no round warms up: a paced
-// kernel takes its reference's time, cold or warm, and the least of the rounds leaves out the first one's page
-// faults (on the built-in example, h2 profile's timed pass took 135 s of its 167 s on an AVX2-only host). With
-// `reference`, an emulated chip paces the kernels it lists to that work (device/emu/ device.h): the figures are then
-// those of the kernels as training paces them after this profile, and kernel_work is the reference, with the least work
-// of each kernel it does not list. With `max_rows`, the model's GEMMs are also timed at twice, 8 times, ... the
-// micro-batch's rows up to `max_rows` sequences (an emulated chip's on an unpaced copy of it, over its speed; kept in
-// gemms, not fitted) and, without a reference, an emulated chip learns the work of a stage's kernels at twice, 4 times,
-// ... them; a block and the head are timed whole at those rows on the chip (an emulated one's only with a reference:
-// paced as training paces them). `progress` runs after each measurement (a round, a shape, a part at a TP degree;
-// seconds each, at most tens on a slow host): for a caller to tell others it is still at work (take_turns). With
-// `unpaced`, an emulated chip runs at the host's speed, without sleeping: for learning its kernels' work, which does
-// not depend on its speed (its times are then the host's).
+// lengthens a round). With `reference`, an emulated chip paces the kernels it lists to that work (device/emu/
+// device.h): the figures are then those of the kernels as training paces them after this profile, and kernel_work
+// is the reference, with the least work of each kernel it does not list; with two rounds or more, none warms up
+// (a paced kernel takes its reference's time, cold or warm, and the least of the rounds leaves out the first one's
+// page faults; on the built-in example h2 profile's timed pass took 135 s of its 167 s on an AVX2-only host).
+// With `max_rows`, the model's GEMMs are also timed at twice, 8 times, ... the micro-batch's rows up to `max_rows`
+// sequences (an emulated chip's on an unpaced copy of it, over its speed; kept in gemms, not fitted) and, without a
+// reference, an emulated chip learns the work of a stage's kernels at twice, 4 times, ... them; a block and the
+// head are timed whole at those rows on the chip (an emulated one's only with a reference: paced as training paces
+// them).
+// `progress` runs after each measurement (a round, a shape, a part at a TP degree; seconds each, at most tens on a
+// slow host): for a caller to tell others it is still at work (take_turns).
+// With `unpaced`, an emulated chip runs at the host's speed, without sleeping: for learning its kernels' work, which
+// does not depend on its speed (its times are then the host's).
 struct MeasureOptions {
   int rounds = 3;
   double min_seconds = 0;

@@ -1614,10 +1614,6 @@ struct Search {
   }
 };
 
-}  // namespace
-
-namespace {
-
 Plan search_plan(const CostModel& c, const PlannerOptions& options, SearchStats* stats, bool hint);
 
 // What the error when nothing fits suggests: of what the training setup does not already do (full recomputation,
@@ -1688,14 +1684,6 @@ std::string fit_hint(const CostModel& c, const PlannerOptions& options) {
       "Hint: add devices, or devices with more memory",
       tried.empty() ? "" : cat(" (with ", list(tried, " or "), " in the train file the search found no plan either)"));
 }
-
-}  // namespace
-
-Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStats* stats) {
-  return search_plan(c, options, stats, true);
-}
-
-namespace {
 
 Plan search_plan(const CostModel& c, const PlannerOptions& options, SearchStats* stats, bool hint) {
   const double t0 = monotonic_seconds();
@@ -1827,5 +1815,9 @@ Plan search_plan(const CostModel& c, const PlannerOptions& options, SearchStats*
 }
 
 }  // namespace
+
+Plan plan_training(const CostModel& c, const PlannerOptions& options, SearchStats* stats) {
+  return search_plan(c, options, stats, true);
+}
 
 }  // namespace h2

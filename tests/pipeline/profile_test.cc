@@ -361,21 +361,26 @@ TEST(ProfileKernelWork, AnUnpacedChipLearnsTheSameKernelsAtTheHostsSpeed) {
   EXPECT_GT(gemms_s(paced), 1.4 * gemms_s(unpaced));
 }
 
-// On a chip paced to a reference, with two rounds or more, measure_chip runs no round to warm up (a paced kernel takes
-// its reference's time, cold or warm; h2 profile's timed pass): two timed rounds run as many rounds as one after a
-// warm-up. Unpaced, or learning its kernels' work, a chip still warms up: two take more than one.
+// On an emulated chip paced to a reference, with two rounds or more, measure_chip runs no round to warm up (a paced
+// kernel takes its reference's time, cold or warm; h2 profile's timed pass): two timed rounds run as many rounds as
+// one after a warm-up. Learning its kernels' work, or not emulated (a GPU's first kernels load and tune), a chip
+// still warms up: two take more than one.
 TEST(ProfileRounds, APacedChipTimesTwoRoundsWithoutAWarmUp) {
-  const Cluster cluster = pair_cluster();
   const TransformerShape shape = one_block();
-  const ChipMeasurement learnt = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.rounds = 1});
-  const auto rounds_run = [&](int rounds, const KernelWork* reference) {
+  const auto rounds_run = [&](const Cluster& cluster, int rounds, bool paced) {
+    const ChipMeasurement learnt = measure_chip(cluster, "c", shape, 1, Precision::kF32, {.rounds = 1});
     int progress = 0;  // one per round of each measurement
-    measure_chip(cluster, "c", shape, 1, Precision::kF32,
-                 {.rounds = rounds, .reference = reference, .progress = [&] { ++progress; }});
+    measure_chip(
+        cluster, "c", shape, 1, Precision::kF32,
+        {.rounds = rounds, .reference = paced ? &learnt.kernel_work : nullptr, .progress = [&] { ++progress; }});
     return progress;
   };
-  EXPECT_EQ(rounds_run(2, &learnt.kernel_work), rounds_run(1, &learnt.kernel_work));
-  EXPECT_GT(rounds_run(2, nullptr), rounds_run(1, nullptr));
+  const Cluster emulated = pair_cluster();
+  EXPECT_EQ(rounds_run(emulated, 2, true), rounds_run(emulated, 1, true));
+  EXPECT_GT(rounds_run(emulated, 2, false), rounds_run(emulated, 1, false));
+  Cluster cores = emulated;
+  cores.chips[0].backend = "cpu";
+  EXPECT_GT(rounds_run(cores, 2, true), rounds_run(cores, 1, true));
 }
 
 // A TP group waits at each all-reduce for its slowest rank, so h2 profile times a block and the head on every rank
