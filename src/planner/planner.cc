@@ -1653,7 +1653,7 @@ std::string fit_hint(const CostModel& c, const PlannerOptions& options) {
       return false;
     }
   };
-  // "a", "a or b", "a, b or c" (with `last` for " or ").
+  // "a", "a<last>b", "a, b<last>c".
   const auto list = [](const std::vector<std::string>& items, const char* last) {
     std::string out;
     for (size_t i = 0; i < items.size(); ++i) out += (i == 0 ? "" : i + 1 == items.size() ? last : ", ") + items[i];
@@ -1687,7 +1687,6 @@ std::string fit_hint(const CostModel& c, const PlannerOptions& options) {
 
 Plan search_plan(const CostModel& c, const PlannerOptions& options, SearchStats* stats, bool hint) {
   const double t0 = monotonic_seconds();
-
   Search search{c, options, "", {}, t0 + options.time_budget_s};
   int devices = 0;
   for (size_t i = 0; i < c.cluster().chips.size(); ++i) {
