@@ -62,8 +62,9 @@ void register_profile(CLI::App& app, Command& selected) {
         profile_rank(o->cluster, shape, o->micro_batch, o->max_rows, precision, o->out);
         return 0;
       }
-      profile_cluster(ProfileJob{o->cluster, shape, o->model, o->micro_batch, o->max_rows, precision, o->out,
-                                 profile_rank_command});
+      const int stopped = profile_cluster(ProfileJob{o->cluster, shape, o->model, o->micro_batch, o->max_rows,
+                                                     precision, o->out, profile_rank_command});
+      if (stopped != 0) return stopped;
       std::printf("wrote %s\n", o->out.c_str());
       return 0;
     };

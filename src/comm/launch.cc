@@ -91,6 +91,15 @@ LaunchResult launch(const std::vector<std::string>& command, const LaunchOptions
   std::vector<char*> argv;
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  // The ranks take SIGINT and SIGTERM at their default (or install their own handlers), not as ignored here.
+  posix_spawnattr_t attributes;
+  ::posix_spawnattr_init(&attributes);
+  sigset_t defaults;
+  ::sigemptyset(&defaults);
+  ::sigaddset(&defaults, SIGINT);
+  ::sigaddset(&defaults, SIGTERM);
+  ::posix_spawnattr_setsigdefault(&attributes, &defaults);
+  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
   std::vector<pid_t> pids;
   for (int r = 0; r < options.ranks; ++r) {
     std::vector<std::string> env = inherited;
@@ -104,14 +113,16 @@ LaunchResult launch(const std::vector<std::string>& command, const LaunchOptions
     for (std::string& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
     pid_t pid = -1;
-    const int rc = ::posix_spawnp(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+    const int rc = ::posix_spawnp(&pid, argv[0], nullptr, &attributes, argv.data(), envp.data());
     if (rc != 0) {
+      ::posix_spawnattr_destroy(&attributes);
       for (pid_t p : pids) ::kill(p, SIGTERM);
       throw Error(ErrorCode::kIo,
                   cat("launch: cannot start rank ", r, " (", command.front(), "): ", std::strerror(rc)));
     }
     pids.push_back(pid);
   }
+  ::posix_spawnattr_destroy(&attributes);
   struct sigaction sa {
   }, old_int{}, old_term{};
   sa.sa_handler = remember_signal;
@@ -137,6 +148,12 @@ LaunchResult launch(const std::vector<std::string>& command, const LaunchOptions
     if (const int sig = g_forward_signal.exchange(0); sig != 0) {
       stop_all(sig);  // the user's Ctrl-C reaches every rank (each checkpoints and exits)
       begin_stopping();
+      if (result.failed_rank < 0 && result.stopped_by == 0) {
+        result.stopped_by = sig;
+        result.exit_code = 128 + sig;
+        result.message = cat("stopped by signal ", sig, " (", strsignal(sig), "), passed on to every rank");
+        std::fprintf(stderr, "h2 launch: %s\n", result.message.c_str());
+      }
     }
     int status = 0;
     const pid_t done = ::waitpid(-1, &status, WNOHANG);
@@ -145,7 +162,7 @@ LaunchResult launch(const std::vector<std::string>& command, const LaunchOptions
         if (pids[static_cast<size_t>(r)] != done) continue;
         pids[static_cast<size_t>(r)] = -1;
         --alive;
-        if (code_of(status) != 0 && result.failed_rank < 0) {
+        if (code_of(status) != 0 && result.failed_rank < 0 && result.stopped_by == 0) {
           result.failed_rank = r;
           result.exit_code = code_of(status);
           result.message = cat("rank ", r, " ", describe(status), "; stopping the other ", alive, " rank(s)");

@@ -186,9 +186,11 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     ranks_cluster = (fs::path(out_dir) / "cluster_profiled.yaml").string();
     // At the least micro-batch's rows only: listing every rows a replica may take, up to the global batch
     // (ProfileJob::max_rows), took the built-in example past its 5 minutes (docs/pipeline.md, h2 profile).
-    profile_cluster(ProfileJob{files.cluster, in.shape, files.model.empty() ? files.config : files.model,
-                               *std::min_element(in.setup.micro_batches.begin(), in.setup.micro_batches.end()),
-                               /*max_rows=*/0, in.setup.precision, ranks_cluster, options.profile_rank_command});
+    const int stopped =
+        profile_cluster(ProfileJob{files.cluster, in.shape, files.model.empty() ? files.config : files.model,
+                                   *std::min_element(in.setup.micro_batches.begin(), in.setup.micro_batches.end()),
+                                   /*max_rows=*/0, in.setup.precision, ranks_cluster, options.profile_rank_command});
+    if (stopped != 0) return stopped;
     planned_on = load_cluster(ConfigNode::load_file(ranks_cluster));
   }
   if (files.plan.empty() && planned_on.figures == Figures::kDatasheet) {

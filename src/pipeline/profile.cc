@@ -870,7 +870,7 @@ void profile_rank(const std::string& cluster_file, const TransformerShape& shape
   world.barrier();
 }
 
-void profile_cluster(const ProfileJob& job) {
+int profile_cluster(const ProfileJob& job) {
   const std::string &cluster_file = job.cluster_file, &model_label = job.model_label, &out = job.out;
   const TransformerShape& shape = job.shape;
   const int micro_batch = job.micro_batch;
@@ -892,6 +892,11 @@ void profile_cluster(const ProfileJob& job) {
   const LaunchResult r =
       launch(job.rank_command(cluster_file, model_file, micro_batch, job.max_rows, job.precision, part), options);
   std::filesystem::remove(model_file);
+  if (r.exit_code != 0) std::filesystem::remove(part);
+  if (r.stopped_by != 0) {
+    std::printf("h2 profile: stopped before the measurement was done; %s not written\n", out.c_str());
+    return r.exit_code;
+  }
   if (r.exit_code != 0) throw Error(ErrorCode::kInternal, cat("the measurement failed: ", r.message));
   const nlohmann::json j = nlohmann::json::parse(read_file(part));
   std::filesystem::remove(part);
@@ -968,6 +973,7 @@ void profile_cluster(const ProfileJob& job) {
       options.ranks, link.bandwidth_gbps, link.latency_us, link.idle_latency_us);
   write_file_atomic(out, "# Measured by h2 profile from " + cluster_file + " at the shapes of " + model_label +
                              ", in " + precision_name(job.precision) + "\n" + cluster_to_yaml(profiled));
+  return 0;
 }
 
 }  // namespace h2

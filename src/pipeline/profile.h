@@ -167,7 +167,9 @@ struct ProfileJob {
                                          const std::string& raw_out)>
       rank_command;
 };
-void profile_cluster(const ProfileJob& job);
+// Returns 0, or 128 + the signal when a user's SIGINT or SIGTERM stopped it (then `out` is not written); throws
+// Error(kInternal) naming the rank when a measuring rank failed.
+int profile_cluster(const ProfileJob& job);
 
 // The order in which profile_rank's ranks measure, one at a time: the first rank of each chip type (`rank_chips`
 // names each rank's), in rank order, `passes` times over.

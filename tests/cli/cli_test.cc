@@ -1,8 +1,11 @@
 // The `h2` executable end to end: exit status and messages on good and bad input.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include "core/config.h"
 #include "core/file.h"
@@ -294,6 +298,43 @@ TEST(CliLaunch, AFailedRankStopsTheOthersAndIsNamed) {
   EXPECT_THAT(r.output, HasSubstr("h2 launch: rank 1 exited with status 3; stopping the other 2 rank(s)"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/stopped_0"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/stopped_2"));
+}
+
+// A user's Ctrl-C stops the job, not a failure: the launcher passes it on to every rank, which gets it whatever the
+// launcher ignores (started from a script's background, a launcher ignoring SIGINT passed that on too, and its ranks
+// ignored the Ctrl-C until the grace period ended in SIGKILL, reported as a failed rank), and exits with 130.
+TEST(CliLaunch, ACtrlCIsPassedOnToEveryRankAndIsNoFailure) {
+  const std::string dir = testing_util::temp_dir("launch_int");
+  // Each rank traps SIGINT (a shell cannot trap a signal ignored when it started), says it is ready and waits.
+  std::ofstream(dir + "/rank.sh") << "d=" << dir << "\n"
+                                  << "trap 'touch $d/interrupted_$H2_RANK; exit 130' INT\n"
+                                     "touch $d/ready_$H2_RANK\n"
+                                     "for i in $(seq 300); do sleep 0.1; done\n";
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    std::signal(SIGINT, SIG_IGN);  // as a non-interactive shell starts a job in the background
+    const int fd = ::open((dir + "/launch.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    const std::string script = dir + "/rank.sh";
+    ::execl(H2_BINARY, H2_BINARY, "launch", "-n", "2", "--grace", "20", "--", "sh", script.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 400; ++i) {  // up to 20 s for both to start
+    if (std::filesystem::exists(dir + "/ready_0") && std::filesystem::exists(dir + "/ready_1")) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(launcher, SIGINT);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  const std::string log = read_file(dir + "/launch.log");
+  ASSERT_TRUE(WIFEXITED(status)) << log;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << log;
+  EXPECT_THAT(log, HasSubstr("h2 launch: stopped by signal 2 (Interrupt), passed on to every rank"));
+  EXPECT_THAT(log, Not(HasSubstr("h2 launch: rank")));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/interrupted_0")) << log;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/interrupted_1")) << log;
 }
 
 // The single-device workflow end to end on a tiny tokenizer and corpus: prepare, train, resume, sample.
@@ -783,6 +824,43 @@ TEST_F(ClusterTraining, ElasticJobsFinishOnTheDevicesLeft) {
   };
   const double want = last(ref + "/metrics.jsonl");
   EXPECT_NEAR(last(dir_ + "/run/metrics.jsonl"), want, 1e-4 * want);
+}
+
+// A user's Ctrl-C on an --elastic job stops it (exit 130): it is no failed rank to take out and re-plan around, as it
+// was — the driver re-planned on the devices left and went on.
+TEST_F(ClusterTraining, ACtrlCStopsAnElasticJobInsteadOfReplanning) {
+  const std::string log = dir_ + "/driver.log";
+  const pid_t driver = ::fork();
+  if (driver == 0) {
+    ::setpgid(0, 0);  // its own group, for the test to end it with its ranks should it go on
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    const std::string line = "exec " + std::string(H2_BINARY) + " " + command() +
+                             " --elastic --set train.steps=100000 --set train.checkpoint_every=100000";
+    ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 1200 && metric_lines(dir_ + "/run/metrics.jsonl").size() < 2; ++i) {  // up to a minute
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(driver, SIGINT);
+  int status = 0;
+  pid_t ended = 0;
+  for (int i = 0; i < 1200 && ended == 0; ++i) {  // a minute; re-planned, it would train on
+    ended = ::waitpid(driver, &status, WNOHANG);
+    if (ended == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (ended == 0) {
+    ::kill(-driver, SIGKILL);
+    ::waitpid(driver, &status, 0);
+  }
+  const std::string output = read_file(log);
+  ASSERT_NE(ended, 0) << "the job went on a minute after its Ctrl-C:\n" << output;
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << output;
+  EXPECT_THAT(output, HasSubstr("h2 launch: stopped by signal 2 (Interrupt), passed on to every rank"));
+  EXPECT_THAT(output, Not(HasSubstr("elastic:")));
 }
 
 // A training shard truncated in place during a cluster run (H2_FAULT_TRUNCATE: rank 0 does it before step 4) stops
