@@ -625,6 +625,29 @@ TEST(Search, FitsNowhereHintsAtWhatWouldMakeItFit) {
   EXPECT_EQ(hint(2, {2, 4}, 2),
             "Hint: it fits with recompute: [none, selective, full] and micro_batches: [1, ...] in the train file");
   EXPECT_EQ(hint(1, {2, 4}, 1), "Hint: it fits with micro_batches: [1, ...] and max_tp: 0 in the train file");
+  // The reference: the planner itself on the setups the hints speak of, edited by hand — each hint's fixes together
+  // fit, and each without one of them (even with full recomputation, where that is not among them) does not.
+  const auto fits = [&](int layers, std::vector<int> micro_batches, int max_tp, bool full) {
+    TransformerShape model = example.model;
+    model.layers = layers;
+    TrainSetup s = setup;
+    s.micro_batches = std::move(micro_batches);
+    s.max_tp = max_tp;
+    if (full) s.allowed_recompute.push_back(Recompute::kFull);
+    try {
+      plan_training(CostModel(fast, model, s), {});
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  EXPECT_TRUE(fits(2, {1, 2, 4}, 2, true));
+  EXPECT_FALSE(fits(2, {2, 4}, 2, true));
+  EXPECT_FALSE(fits(2, {1, 2, 4}, 2, false));
+  EXPECT_TRUE(fits(1, {1, 2, 4}, 0, false));
+  EXPECT_FALSE(fits(1, {1, 2, 4}, 1, true));
+  EXPECT_FALSE(fits(1, {2, 4}, 0, true));
+  EXPECT_FALSE(fits(4, {1, 2, 4}, 0, true));
 }
 
 TEST(Search, FitsNowhereSaysWhyAndByHowMuch) {
