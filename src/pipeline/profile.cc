@@ -86,6 +86,12 @@ ComposedParts composed_parts(const CostModel& costs, int chip, const ChipMeasure
   return {block(false), block(true), head(false), head(true)};
 }
 
+// An emulated chip at this host's speed, without sleeping (MeasureOptions::unpaced, and measure_chip's unpaced copy).
+void unpace(EmuProfile& chip) {
+  chip.speed = 1.0;
+  chip.mem_bandwidth_gbps = 0.0;
+}
+
 }  // namespace
 
 ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, const TransformerShape& shape,
@@ -95,7 +101,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   if (spec.emu) {
     spec.emu->mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
     spec.emu->reference_work = reference ? std::make_shared<const KernelWork>(*reference) : nullptr;
-    if (options.unpaced) spec.emu->speed = 1.0, spec.emu->mem_bandwidth_gbps = 0.0;
+    if (options.unpaced) unpace(*spec.emu);
   }
   spec.mem_capacity_bytes.reset();  // the device's own (a GPU's memory, this host's)
   auto device = create_device(spec);
@@ -365,8 +371,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   std::unique_ptr<Device> unpaced;
   if (spec.emu && !options.unpaced && options.max_rows >= 2 * B) {
     DeviceSpec at_host_speed = spec;
-    at_host_speed.emu->speed = 1.0;
-    at_host_speed.emu->mem_bandwidth_gbps = 0.0;
+    unpace(*at_host_speed.emu);
     unpaced = create_device(at_host_speed);
   }
   if (spec.emu) {

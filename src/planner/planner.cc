@@ -1659,9 +1659,14 @@ std::string fit_hint(const CostModel& c, const PlannerOptions& options) {
     for (size_t i = 0; i < items.size(); ++i) out += (i == 0 ? "" : i + 1 == items.size() ? last : ", ") + items[i];
     return out;
   };
-  std::vector<std::string> fitting, tried;
+  const auto fields = [](std::span<const Remedy> remedies) {
+    std::vector<std::string> out;
+    for (const Remedy& r : remedies) out.push_back(r.field);
+    return out;
+  };
+  const std::vector<std::string> tried = fields(lacking);
+  std::vector<std::string> fitting;
   for (const Remedy& r : lacking) {
-    tried.push_back(r.field);
     if (fits_with(std::span(&r, 1))) fitting.push_back(r.field);
   }
   if (!fitting.empty()) return cat("Hint: it fits with ", list(fitting, " or with "), " in the train file");
@@ -1676,9 +1681,7 @@ std::string fit_hint(const CostModel& c, const PlannerOptions& options) {
         ++i;
       }
     }
-    std::vector<std::string> needed;
-    for (const Remedy& r : lacking) needed.push_back(r.field);
-    return cat("Hint: it fits with ", list(needed, " and "), " in the train file");
+    return cat("Hint: it fits with ", list(fields(lacking), " and "), " in the train file");
   }
   return cat(
       "Hint: add devices, or devices with more memory",
