@@ -1,6 +1,7 @@
 // The backend registry: the only place that names every backend.
 #include "device/registry.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -62,6 +63,12 @@ size_t available_host_memory_bytes() {
     meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
   }
   return host_memory_bytes();
+}
+
+size_t peak_resident_bytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<size_t>(usage.ru_maxrss) << 10;  // KiB on Linux
 }
 
 std::unique_ptr<Device> create_device(const DeviceSpec& spec) {

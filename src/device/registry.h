@@ -41,5 +41,8 @@ size_t host_memory_bytes();
 // What this host can give without swapping: /proc/meminfo's MemAvailable (host_memory_bytes() where it cannot be
 // read).
 size_t available_host_memory_bytes();
+// This process's peak resident memory so far (getrusage's ru_maxrss): what it has taken of the host's memory at
+// most, its device's included where that is host memory (an emulated or cpu chip's).
+size_t peak_resident_bytes();
 
 }  // namespace h2

@@ -143,34 +143,38 @@ int run_cluster_rank(const ClusterJobFiles& files, bool resume, bool quiet, bool
   }
   const RankOutcome r = run_rank(in.run, *job, quiet, &stop);
   if (external && env.rank == 0 && !r.interrupted) {
-    const double ratio = finish_run(in.run, ranks);
-    std::printf("done: measured step %.3f s; measured / simulated %.2f; traces in %s\n%s", r.step_seconds, ratio,
-                in.run.config.out_dir.c_str(), simulation_miss(ratio, in.run.config.out_dir).c_str());
+    const FinishedRun done = finish_run(in.run, ranks);
+    std::printf("done: measured step %.3f s; measured / simulated %.2f; traces in %s\n%s%s", r.step_seconds,
+                done.measured_over_simulated, in.run.config.out_dir.c_str(),
+                simulation_miss(done.measured_over_simulated, in.run.config.out_dir).c_str(), done.host_memory.c_str());
   }
   return r.interrupted ? 130 : 0;
 }
 
-double local_ranks_host_bytes(const Plan& plan, const Cluster& cluster) {
-  double bytes = 0;
-  for (const StagePlan& stage : plan.stages) {
+HostBytes local_ranks_host_bytes(const Plan& plan, const Cluster& cluster, bool zero1) {
+  HostBytes need;
+  for (int k = 0; k < static_cast<int>(plan.stages.size()); ++k) {
+    const StagePlan& stage = plan.stages[static_cast<size_t>(k)];
+    int replica = 0;
     for (const ReplicaGroup& g : stage.replica_groups()) {
-      const int devices = stage.tp * g.replicas;
-      const bool in_host_memory = cluster.chips[static_cast<size_t>(cluster.chip_index(g.chip))].backend != "cuda";
-      bytes += devices * (kRankProcessBytes + (in_host_memory ? g.memory_bytes : 0.0));
+      const std::string& backend = cluster.chips[static_cast<size_t>(cluster.chip_index(g.chip))].backend;
+      for (int end = replica + g.replicas; replica < end; ++replica) {
+        const HostBytes rank = rank_host_bytes(backend, g.memory_bytes, checkpoint_host_bytes(plan, k, replica, zero1));
+        for (int t = 0; t < stage.tp; ++t) need += rank;
+      }
     }
   }
-  return bytes;
+  return need;
 }
 
-void check_host_memory(const Plan& plan, const Cluster& cluster, double available) {
-  const double need = local_ranks_host_bytes(plan, cluster);
-  if (need <= available) return;
-  const int ranks = stage_layout_of(plan).world_size();
-  const double processes = ranks * kRankProcessBytes;
+void check_host_memory(const Plan& plan, const Cluster& cluster, bool zero1, double available) {
+  const HostBytes need = local_ranks_host_bytes(plan, cluster, zero1);
+  if (need.total() <= available) return;
   throw Error(ErrorCode::kConfig,
-              cat("this plan starts ", ranks, " ranks on this host, which need about ", format_bytes(need),
-                  " of its memory (", format_bytes(need - processes), " for the devices whose memory is the host's, ",
-                  format_bytes(kRankProcessBytes), " for each rank's process) and it has ", format_bytes(available),
+              cat("this plan starts ", need.ranks, " ranks on this host, which need about ", format_bytes(need.total()),
+                  " of its memory (", format_bytes(need.devices), " for the devices whose memory is the host's, ",
+                  format_bytes(need.checkpoints), " for writing checkpoints, ", format_bytes(kRankProcessBytes),
+                  " for each rank's process) and it has ", format_bytes(available),
                   " available. Plan for fewer devices (a cluster file with fewer nodes, or --plan a plan.json that "
                   "uses fewer), or start the ranks across hosts with mpirun or srun and --plan (docs/pipeline.md)"));
 }
@@ -215,7 +219,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   const std::string plan_path = (fs::path(out_dir) / "plan.json").string();
   save_plan(in.run.plan, plan_path);
   write_cluster_file(planned_on, files.cluster, out_dir);
-  check_host_memory(in.run.plan, in.run.cluster, static_cast<double>(available_host_memory_bytes()));
+  check_host_memory(in.run.plan, in.run.cluster, in.run.zero1, static_cast<double>(available_host_memory_bytes()));
   std::printf("launching %d ranks (one per device, on its chip type's backend); outputs in %s\n", ranks,
               out_dir.c_str());
   std::fflush(stdout);
@@ -263,7 +267,8 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
   }
   if (result.exit_code != 0) return result.exit_code;
   const int ranks_run = stage_layout_of(in.run.plan).world_size();
-  const double ratio = finish_run(in.run, ranks_run);
+  const FinishedRun done = finish_run(in.run, ranks_run);
+  const double ratio = done.measured_over_simulated;
   const nlohmann::json summary = nlohmann::json::parse(read_file((fs::path(out_dir) / "summary.json").string()));
   std::printf(
       "done: measured step %.3f s, %.0f tokens/s; simulated %.3f s (measured / simulated %.2f); planned %.0f "
@@ -271,6 +276,7 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
       summary["measured_step_s"].get<double>(), summary["measured_tokens_per_s"].get<double>(),
       summary["simulated_step_s"].get<double>(), ratio, summary["planned_tokens_per_s"].get<double>(), out_dir.c_str(),
       simulation_miss(ratio, out_dir).c_str());
+  std::fputs(done.host_memory.c_str(), stdout);
   if (files.plan.empty()) {  // a given plan was made elsewhere: its baselines are not this planner's to state
     std::printf("predicted baselines:\n%s",
                 format_baselines(plan_baselines(left ? *left : costs, in.run.plan, job_planner_options(planned_on)),

@@ -50,13 +50,11 @@ std::string costed_otherwise(const Plan& plan, const TrainSetup& runs);
 std::string simulation_miss(double ratio, const std::string& out_dir);
 
 // The host memory a plan's ranks take when all of them run on this host, as h2 train --cluster's driver starts them:
-// each rank's device where it is this host's memory (an emulated or cpu chip's: the plan's memory per device for it;
-// a GPU's is not) and each rank's process beside it (kRankProcessBytes). Error(kConfig) from check_host_memory when
+// rank_host_bytes (pipeline/hetero_train.h) summed over them. Error(kConfig) from check_host_memory when
 // that is more than `available` bytes, with the figures and what to do instead: on a 2-core host with 24 GiB, the
 // 1,024-chip example's plan for the small GPT started 100 ranks, which the kernel's OOM killer stopped.
-inline constexpr double kRankProcessBytes = 256.0 * (1 << 20);  // measured 176-224 MiB besides the device, 2026-12-07
-double local_ranks_host_bytes(const Plan& plan, const Cluster& cluster);
-void check_host_memory(const Plan& plan, const Cluster& cluster, double available);
+HostBytes local_ranks_host_bytes(const Plan& plan, const Cluster& cluster, bool zero1);
+void check_host_memory(const Plan& plan, const Cluster& cluster, bool zero1, double available);
 
 struct DriverOptions {
   bool profile = false;  // measure the chips and links first (h2 profile) and plan on the measured cluster

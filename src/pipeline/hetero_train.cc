@@ -179,7 +179,8 @@ class RankTraining {
   float evaluate();
   void record_step(int64_t step, float loss, double lr, double dt);
   StageMemory predicted_memory(int rank) const;  // model/costs.h's formula for a rank: its chunks' sum
-  // Every rank's device peak, backend and emulation drift, into peaks_, backends_, drifts_ (a collective).
+  // Every rank's device peak, backend, emulation drift and process peak, into peaks_, backends_, drifts_,
+  // host_peaks_ (a collective).
   void gather_memory();
   nlohmann::json memory_report() const;  // per rank: its place, chip, planned and measured bytes, emulation drift
   void print_memory() const;
@@ -215,6 +216,7 @@ class RankTraining {
   std::vector<double> peaks_;                   // per rank: its device's measured peak, bytes
   std::vector<std::string> backends_;           // per rank: its device's backend
   std::vector<double> drifts_;                  // per rank: its device's emu_drift (1 for a chip not emulated)
+  std::vector<double> host_peaks_;              // per rank: its process's peak resident memory, bytes
   std::vector<std::vector<double>> allocated_;  // per rank: what its stage allocated, stage_memory's terms
   nlohmann::json trace_ = nlohmann::json::array();
   std::ofstream metrics_;
@@ -360,17 +362,19 @@ void RankTraining::gather_memory() {
   peaks_.clear();
   backends_.clear();
   drifts_.clear();
+  host_peaks_.clear();
   // The backend as its position in the registry, a number gather_bytes can carry.
   const std::vector<BackendInfo>& known = backends();
   size_t backend = 0;
   while (backend < known.size() && known[backend].name != device_->props().backend) ++backend;
-  for (const auto& r :
-       gather_bytes(world_, {static_cast<double>(device_->mem_peak_bytes()), static_cast<double>(backend),
-                             std::round(emu_drift(*device_) * kDriftScale)})) {
+  for (const auto& r : gather_bytes(
+           world_, {static_cast<double>(device_->mem_peak_bytes()), static_cast<double>(backend),
+                    std::round(emu_drift(*device_) * kDriftScale), static_cast<double>(peak_resident_bytes())})) {
     peaks_.push_back(r[0]);
     const size_t b = static_cast<size_t>(r[1]);
     backends_.push_back(b < known.size() ? known[b].name : "?");
     drifts_.push_back(r[2] / kDriftScale);
+    host_peaks_.push_back(r[3]);
   }
 }
 
@@ -380,14 +384,19 @@ nlohmann::json RankTraining::memory_report() const {
     const StageLayout::Place p = layout_.place(r);
     const StagePlan& s = plan_.stages[static_cast<size_t>(p.stage)];
     const ReplicaGroup group = s.group_of(p.replica);
-    nlohmann::json entry = {{"rank", r},
-                            {"stage", p.stage},
-                            {"replica", p.replica},
-                            {"tp_rank", p.t},
-                            {"chip", group.chip},
-                            {"backend", backends_[static_cast<size_t>(r)]},
-                            {"planned_bytes", group.memory_bytes},
-                            {"peak_bytes", peaks_[static_cast<size_t>(r)]}};
+    nlohmann::json entry = {
+        {"rank", r},
+        {"stage", p.stage},
+        {"replica", p.replica},
+        {"tp_rank", p.t},
+        {"chip", group.chip},
+        {"backend", backends_[static_cast<size_t>(r)]},
+        {"planned_bytes", group.memory_bytes},
+        {"peak_bytes", peaks_[static_cast<size_t>(r)]},
+        {"host_peak_bytes", host_peaks_[static_cast<size_t>(r)]},
+        {"host_counted_bytes", rank_host_bytes(backends_[static_cast<size_t>(r)], group.memory_bytes,
+                                               checkpoint_host_bytes(plan_, p.stage, p.replica, run_.zero1))
+                                   .total()}};
     if (backends_[static_cast<size_t>(r)] == "emu") entry["emulation_drift"] = drifts_[static_cast<size_t>(r)];
     if (static_cast<size_t>(r) < allocated_.size()) {
       // Term by term: model/costs.h's formula for this rank (its vocabulary shard) beside what it allocated.
@@ -587,7 +596,69 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
   return out;
 }
 
-double finish_run(const HeteroRun& run, int ranks) {
+HostBytes& HostBytes::operator+=(const HostBytes& o) {
+  ranks += o.ranks;
+  processes += o.processes;
+  devices += o.devices;
+  checkpoints += o.checkpoints;
+  return *this;
+}
+
+HostBytes rank_host_bytes(const std::string& backend, double device_bytes, double checkpoint_bytes) {
+  return {.ranks = 1,
+          .processes = kRankProcessBytes,
+          .devices = backend == "cuda" ? 0.0 : device_bytes,
+          .checkpoints = checkpoint_bytes};
+}
+
+double checkpoint_host_bytes(const Plan& plan, int stage, int replica, bool zero1) {
+  const StagePlan& s = plan.stages[static_cast<size_t>(stage)];
+  StageMemorySpec spec{.shape = plan.shape,
+                       .embedding = s.embedding,
+                       .head = s.head,
+                       .layers = s.layers,
+                       .starts_at_mlp = s.starts_at_mlp,
+                       .ends_at_attention = s.ends_at_attention,
+                       .tp = s.tp};
+  constexpr double kF32 = 4;
+  const double shard = static_cast<double>(stage_params(spec));
+  double bytes = 2 * kF32 * (shard + (zero1 ? std::ceil(shard / s.dp) : 0.0));
+  if (replica == 0) {
+    spec.tp = 1;
+    double whole = static_cast<double>(stage_params(spec));
+    if (s.head && !s.embedding && plan.shape.tied_embeddings) {
+      whole -= static_cast<double>(plan.shape.vocab) * static_cast<double>(plan.shape.hidden);
+    }
+    bytes += 3 * kF32 * whole;
+  }
+  return bytes;
+}
+
+std::string host_memory_line(const std::vector<RankHostMemory>& ranks) {
+  if (ranks.empty()) return "";
+  double peak = 0, counted = 0;
+  size_t nearest = 0;  // the rank with the highest peak / count
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    peak += ranks[r].peak;
+    counted += ranks[r].counted;
+    if (ranks[r].peak * ranks[nearest].counted > ranks[nearest].peak * ranks[r].counted) nearest = r;
+  }
+  const RankHostMemory& n = ranks[nearest];
+  std::string line = format(
+      "host memory, each rank's measured peak resident beside h2's count for it: %zu rank(s) together %s of %s "
+      "(%.2f); highest against its count: rank %zu, %s of %s (%.2f)\n",
+      ranks.size(), format_bytes(peak).c_str(), format_bytes(counted).c_str(), peak / counted, nearest,
+      format_bytes(n.peak).c_str(), format_bytes(n.counted).c_str(), n.peak / n.counted);
+  if (n.peak > n.counted) {
+    line += format(
+        "warning: rank %zu took %s more of this host's memory than h2 counted for it (%s for a rank's process "
+        "beside its device): its check before a launch may let a plan through that this host cannot hold\n",
+        nearest, format_bytes(n.peak - n.counted).c_str(), format_bytes(kRankProcessBytes).c_str());
+  }
+  return line;
+}
+
+FinishedRun finish_run(const HeteroRun& run, int ranks) {
   const fs::path dir(run.config.out_dir);
   nlohmann::json events = nlohmann::json::array();
   for (int r = 0; r < ranks; ++r) {
@@ -612,7 +683,11 @@ double finish_run(const HeteroRun& run, int ranks) {
                                    {"planned_tokens_per_s", run.plan.tokens_per_s},
                                    {"memory", measured.at("memory")}}
                         .dump(2));
-  return ratio;
+  std::vector<RankHostMemory> host;
+  for (const auto& m : measured.at("memory")) {
+    host.push_back({m.at("host_peak_bytes").get<double>(), m.at("host_counted_bytes").get<double>()});
+  }
+  return {ratio, host_memory_line(host)};
 }
 
 }  // namespace h2

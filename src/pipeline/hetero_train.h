@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <string>
+#include <vector>
 
 #include "comm/job.h"
 #include "pipeline/runtime.h"
@@ -78,8 +79,44 @@ struct RankOutcome {
 // metrics; every rank writes its trace part; the caller merges them. Throws CommError naming a failed peer.
 RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atomic<bool>* stop_requested);
 
+// The host memory a rank takes: its process (kRankProcessBytes), its device where the device's memory is the host's
+// (an emulated or cpu chip's: `device_bytes`, the plan's memory per device; a GPU's is not) and what its checkpoints
+// hold in the host's memory while they are written (`checkpoint_bytes`, checkpoint_host_bytes). h2 train --cluster
+// counts it for every rank before it starts them on one host (check_host_memory, pipeline/cluster_job.h), and every
+// rank measures its peak resident memory beside it (summary.json's memory[]: host_peak_bytes beside
+// host_counted_bytes).
+inline constexpr double kRankProcessBytes = 256.0 * (1 << 20);  // measured 180-224 MiB besides the rest, 2026-12-07
+struct HostBytes {
+  int ranks = 0;
+  double processes = 0, devices = 0, checkpoints = 0;
+  double total() const { return processes + devices + checkpoints; }
+  HostBytes& operator+=(const HostBytes& o);
+};
+HostBytes rank_host_bytes(const std::string& backend, double device_bytes, double checkpoint_bytes);
+
+// The host buffers of a checkpoint at its peak on a rank of `stage`'s replica `replica` (checkpoint.h's
+// saved_params, as RankTraining::save takes them): every rank copies its Adam moments out (two f32 per parameter of
+// its shard; with `zero1`, gathered over the replicas beside its own share), and the ranks of a stage's first replica
+// each put the whole stage together — its weights and both moments in f32, every TP rank holding all of them for the
+// sum that joins the shards —, the last stage's copy of a tied table left out (the first stage writes it). Measured
+// beside it: the built-in example's first-stage ranks took 426 MiB besides their devices, 2026-12-07, where 256 MiB
+// had been counted without it.
+double checkpoint_host_bytes(const Plan& plan, int stage, int replica, bool zero1);
+
+struct RankHostMemory {
+  double peak = 0;     // measured: the rank's peak resident memory
+  double counted = 0;  // rank_host_bytes for it, in all
+};
+// What h2 train prints after a run: the ranks' peak resident memory beside what was counted for them, together and
+// for the rank highest against its count, and a warning naming the rank when one took more.
+std::string host_memory_line(const std::vector<RankHostMemory>& ranks);
+
+struct FinishedRun {
+  double measured_over_simulated = 0;  // step time
+  std::string host_memory;             // host_memory_line
+};
 // After all ranks ended: merges the per-rank trace parts into trace_measured.json, writes the simulator's
-// prediction as trace_predicted.json and summary.json. Returns the measured over predicted step time.
-double finish_run(const HeteroRun& run, int ranks);
+// prediction as trace_predicted.json and summary.json.
+FinishedRun finish_run(const HeteroRun& run, int ranks);
 
 }  // namespace h2

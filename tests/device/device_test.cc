@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "device/registry.h"
@@ -45,6 +47,27 @@ TEST(Registry, AvailableHostMemoryIsBetweenTheFreeAndTheWholeMemory) {
       static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   EXPECT_LE(available, static_cast<double>(host_memory_bytes()));
   EXPECT_GT(available, 0.5 * free_bytes);
+}
+
+// The process's peak resident memory (h2 train --cluster reports each rank's beside the host memory it counted for
+// it): at least what is resident now, as /proc/self/status says (VmRSS, in KiB), and it rises with 64 MiB written.
+TEST(Registry, PeakResidentMemoryHoldsWhatTheProcessTouched) {
+  const auto resident = [] {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) * 1024;
+    }
+    ADD_FAILURE() << "no VmRSS in /proc/self/status";
+    return 0.0;
+  };
+  const double before = resident();
+  constexpr size_t kBytes = size_t{64} << 20;
+  std::vector<char> touched(kBytes, 1);
+  const double now = resident();
+  EXPECT_GE(now - before, 0.9 * static_cast<double>(kBytes));
+  EXPECT_GE(static_cast<double>(peak_resident_bytes()), now - 1024 * 1024);  // the counters may lag by pages
+  EXPECT_LE(static_cast<double>(peak_resident_bytes()), static_cast<double>(host_memory_bytes()));
+  EXPECT_EQ(touched[kBytes / 2], 1);
 }
 
 TEST(Device, AllocationPastCapacityIsOutOfMemory) {

@@ -110,6 +110,8 @@ TEST(ClusterJobHostMemory, RanksNeedTheirProcessesAndTheirHostMemoryDevices) {
       "cluster.yaml"));
   constexpr double MiB = 1 << 20;
   Plan plan;
+  plan.shape = {.heads = 1,
+                .kv_heads = 1};  // a model of no parameters: its checkpoints take nothing (below, one that does)
   plan.stages.resize(3);
   plan.stages[0] = StagePlan{.chip = "emu", .chip_index = 0, .tp = 2, .dp = 1, .layers = 1, .embedding = true};
   plan.stages[0].memory_bytes = 100 * MiB;
@@ -125,12 +127,57 @@ TEST(ClusterJobHostMemory, RanksNeedTheirProcessesAndTheirHostMemoryDevices) {
   // By hand: 6 processes of 256 MiB, 2 x 100 MiB and 300 MiB of emulated devices (2,036 MiB, 1.99 GiB); the GPUs'
   // 700 and 500 MiB not.
   const double need = (6 * 256 + 2 * 100 + 300) * MiB;
-  EXPECT_DOUBLE_EQ(local_ranks_host_bytes(plan, cluster), need);
-  check_host_memory(plan, cluster, need);
-  EXPECT_THAT(error_of([&] { check_host_memory(plan, cluster, need - 1); }, ErrorCode::kConfig),
-              HasSubstr("this plan starts 6 ranks on this host, which need about 1.99 GiB of its memory (500.0 MiB for "
-                        "the devices whose memory is the host's, 256.0 MiB for each rank's process) and it has 1.99 "
-                        "GiB available. Plan for fewer devices"));
+  const HostBytes counted = local_ranks_host_bytes(plan, cluster, false);
+  EXPECT_EQ(counted.ranks, 6);
+  EXPECT_DOUBLE_EQ(counted.total(), need);
+  check_host_memory(plan, cluster, false, need);
+  EXPECT_THAT(
+      error_of([&] { check_host_memory(plan, cluster, false, need - 1); }, ErrorCode::kConfig),
+      HasSubstr("this plan starts 6 ranks on this host, which need about 1.99 GiB of its memory (500.0 MiB for "
+                "the devices whose memory is the host's, 0 B for writing checkpoints, 256.0 MiB for each rank's "
+                "process) and it has 1.99 GiB available. Plan for fewer devices"));
+}
+
+// A checkpoint's host buffers on each rank (RankTraining::save): its Adam moments copied out (two f32 per parameter of
+// its shard, and under ZeRO-1 its share beside them), and on the first replica's ranks the whole stage's weights and
+// moments in f32, a tied table on the last stage left out. Parameters counted by hand for a GPT of width C = 8, a
+// 32-wide MLP, 10 tokens, 4 positions: a block 12 C^2 + 13 C = 872, its TP-2 shard 48 + 824 / 2 = 460 (LayerNorms
+// and the row-parallel biases whole); the embedding 10 x 8 + 4 x 8 = 112, on the TP rank with the most vocabulary
+// rows 5 x 8 + 32 = 72; the head's LayerNorm 16, beside its copy of the tied table (80).
+TEST(ClusterJobHostMemory, CheckpointsTakeTheStagesWeightsAndMomentsOnTheFirstReplica) {
+  Plan plan;
+  plan.shape = {.layers = 2, .hidden = 8, .heads = 2, .kv_heads = 2, .ffn = 32, .vocab = 10, .seq_len = 4};
+  plan.stages.resize(2);
+  plan.stages[0] = StagePlan{.chip = "a", .tp = 2, .dp = 2, .layers = 1, .embedding = true};
+  plan.stages[1] = StagePlan{.chip = "a", .tp = 1, .dp = 1, .first_layer = 1, .layers = 1};
+  plan.stages[1].head = true;
+  // Stage 0: a shard of 72 + 460 = 532, the whole stage 112 + 872 = 984.
+  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 0, false), 2 * 4 * 532 + 3 * 4 * 984);
+  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 1, false), 2 * 4 * 532);
+  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 1, true), 2 * 4 * (532 + 266));  // ZeRO-1: half of the moments its own
+  // Stage 1: 872 + 16 + 80 held, 872 + 16 written (the first stage writes the tied table).
+  EXPECT_EQ(checkpoint_host_bytes(plan, 1, 0, false), 2 * 4 * 968 + 3 * 4 * 888);
+  plan.shape.tied_embeddings = false;  // its own output matrix, written with it
+  EXPECT_EQ(checkpoint_host_bytes(plan, 1, 0, false), 2 * 4 * 968 + 3 * 4 * 968);
+}
+
+// After a run, the ranks' measured peak resident memory beside what was counted for them: together, and the rank
+// highest against its count — past it, with a warning naming it.
+TEST(ClusterJobHostMemory, TheRanksMeasuredPeaksArePrintedBesideTheirCounts) {
+  constexpr double MiB = 1 << 20;
+  EXPECT_EQ(rank_host_bytes("emu", 10 * MiB, 5 * MiB).total(), 271 * MiB);
+  EXPECT_EQ(rank_host_bytes("cpu", 10 * MiB, 5 * MiB).total(), 271 * MiB);
+  EXPECT_EQ(rank_host_bytes("cuda", 10 * MiB, 5 * MiB).total(), 261 * MiB);  // the GPU's memory is not the host's
+  // By hand: 600 of 800 MiB together (0.75); rank 1 at 350 of 400 (0.88) is nearer its count than rank 0 (0.63).
+  EXPECT_EQ(host_memory_line({{250 * MiB, 400 * MiB}, {350 * MiB, 400 * MiB}}),
+            "host memory, each rank's measured peak resident beside h2's count for it: 2 rank(s) together 600.0 "
+            "MiB of 800.0 MiB (0.75); highest against its count: rank 1, 350.0 MiB of 400.0 MiB (0.88)\n");
+  // Rank 2 took 40 MiB more than its count (1.10), rank 0 more in bytes but less than its count (0.90).
+  const std::string past = host_memory_line({{900 * MiB, 1000 * MiB}, {100 * MiB, 400 * MiB}, {440 * MiB, 400 * MiB}});
+  EXPECT_THAT(past, HasSubstr("3 rank(s) together 1.41 GiB of 1.76 GiB (0.80); highest against its count: rank 2, "
+                              "440.0 MiB of 400.0 MiB (1.10)\n"));
+  EXPECT_THAT(past, HasSubstr("warning: rank 2 took 40.0 MiB more of this host's memory than h2 counted for it"));
+  EXPECT_EQ(host_memory_line({}), "");
 }
 
 TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
