@@ -634,7 +634,7 @@ double checkpoint_host_bytes(const Plan& plan, int stage, int replica, bool zero
   return bytes;
 }
 
-std::string host_memory_line(const std::vector<RankHostMemory>& ranks) {
+std::string host_memory_line(const std::vector<RankHostMemory>& ranks, bool resumed) {
   if (ranks.empty()) return "";
   double peak = 0, counted = 0;
   size_t nearest = 0;  // the rank with the highest peak / count
@@ -652,8 +652,12 @@ std::string host_memory_line(const std::vector<RankHostMemory>& ranks) {
   if (n.peak > n.counted) {
     line += format(
         "warning: rank %zu took %s more of this host's memory than h2 counted for it (%s for a rank's process "
-        "beside its device): its check before a launch may let a plan through that this host cannot hold\n",
-        nearest, format_bytes(n.peak - n.counted).c_str(), format_bytes(kRankProcessBytes).c_str());
+        "beside its device and its checkpoints' buffers): its check before a launch may let a plan through that this "
+        "host cannot hold%s\n",
+        nearest, format_bytes(n.peak - n.counted).c_str(), format_bytes(kRankProcessBytes).c_str(),
+        resumed ? " — or, as this run resumed, the checkpoint's files every rank read through a mapping count "
+                  "toward its peak: page cache, which the kernel takes back when it needs the memory"
+                : "");
   }
   return line;
 }
@@ -687,7 +691,7 @@ FinishedRun finish_run(const HeteroRun& run, int ranks) {
   for (const auto& m : measured.at("memory")) {
     host.push_back({m.at("host_peak_bytes").get<double>(), m.at("host_counted_bytes").get<double>()});
   }
-  return {ratio, host_memory_line(host)};
+  return {ratio, host_memory_line(host, run.resume)};
 }
 
 }  // namespace h2

@@ -108,8 +108,9 @@ struct RankHostMemory {
   double counted = 0;  // rank_host_bytes for it, in all
 };
 // What h2 train prints after a run: the ranks' peak resident memory beside what was counted for them, together and
-// for the rank highest against its count, and a warning naming the rank when one took more.
-std::string host_memory_line(const std::vector<RankHostMemory>& ranks);
+// for the rank highest against its count, and a warning naming the rank when one took more — saying, when the run
+// `resumed`, that every rank's peak then holds the checkpoint's files it verified through a mapping (page cache).
+std::string host_memory_line(const std::vector<RankHostMemory>& ranks, bool resumed);
 
 struct FinishedRun {
   double measured_over_simulated = 0;  // step time

@@ -12,6 +12,7 @@ namespace h2 {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing_util::error_of;
 
 Cluster two_types(int fast, int slow) {
@@ -169,15 +170,18 @@ TEST(ClusterJobHostMemory, TheRanksMeasuredPeaksArePrintedBesideTheirCounts) {
   EXPECT_EQ(rank_host_bytes("cpu", 10 * MiB, 5 * MiB).total(), 271 * MiB);
   EXPECT_EQ(rank_host_bytes("cuda", 10 * MiB, 5 * MiB).total(), 261 * MiB);  // the GPU's memory is not the host's
   // By hand: 600 of 800 MiB together (0.75); rank 1 at 350 of 400 (0.88) is nearer its count than rank 0 (0.63).
-  EXPECT_EQ(host_memory_line({{250 * MiB, 400 * MiB}, {350 * MiB, 400 * MiB}}),
+  EXPECT_EQ(host_memory_line({{250 * MiB, 400 * MiB}, {350 * MiB, 400 * MiB}}, false),
             "host memory, each rank's measured peak resident beside h2's count for it: 2 rank(s) together 600.0 "
             "MiB of 800.0 MiB (0.75); highest against its count: rank 1, 350.0 MiB of 400.0 MiB (0.88)\n");
   // Rank 2 took 40 MiB more than its count (1.10), rank 0 more in bytes but less than its count (0.90).
-  const std::string past = host_memory_line({{900 * MiB, 1000 * MiB}, {100 * MiB, 400 * MiB}, {440 * MiB, 400 * MiB}});
+  const std::vector<RankHostMemory> ranks = {{900 * MiB, 1000 * MiB}, {100 * MiB, 400 * MiB}, {440 * MiB, 400 * MiB}};
+  const std::string past = host_memory_line(ranks, false);
   EXPECT_THAT(past, HasSubstr("3 rank(s) together 1.41 GiB of 1.76 GiB (0.80); highest against its count: rank 2, "
                               "440.0 MiB of 400.0 MiB (1.10)\n"));
   EXPECT_THAT(past, HasSubstr("warning: rank 2 took 40.0 MiB more of this host's memory than h2 counted for it"));
-  EXPECT_EQ(host_memory_line({}), "");
+  EXPECT_THAT(past, Not(HasSubstr("resumed")));
+  EXPECT_THAT(host_memory_line(ranks, true), HasSubstr("as this run resumed, the checkpoint's files"));
+  EXPECT_EQ(host_memory_line({}, false), "");
 }
 
 TEST(EmulatedCluster, ChipsKeepTheirRatioAndTogetherFitTheHostsCores) {
