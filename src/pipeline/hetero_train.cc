@@ -293,11 +293,28 @@ void RankTraining::load_data() {
 
 void RankTraining::restore() {
   if (!run_.resume) return;
-  std::vector<std::string> skipped;
-  const std::string latest = resume_checkpoint(checkpoint_dir_, &skipped);
+  // Rank 0 verifies the checkpoints whole, newest first, and tells the others the step it resumes from (-1: none
+  // verifies): every rank reading the whole checkpoint would read it once a rank, and ranks reading only their own
+  // stage's tensors could disagree on which checkpoint is intact.
+  std::string latest;
+  double step = -1;
   if (rank_ == 0) {
+    std::vector<std::string> skipped;
+    try {
+      latest = resume_checkpoint(checkpoint_dir_, &skipped);
+      step = static_cast<double>(read_checkpoint_state(latest).step);
+    } catch (const Error&) {
+      world_.broadcast(&step, 1, DType::kF64, 0);
+      throw;
+    }
     for (const std::string& s : skipped) std::printf("warning: not resuming from %s\n", s.c_str());
   }
+  world_.broadcast(&step, 1, DType::kF64, 0);
+  if (step < 0) {
+    throw Error(ErrorCode::kNotFound,
+                cat(checkpoint_dir_, ": rank 0 found no checkpoint to resume from (its error says why)"));
+  }
+  if (rank_ != 0) latest = (fs::path(checkpoint_dir_) / checkpoint_name(static_cast<int64_t>(step))).string();
   resumed_from_ = latest;
   const CheckpointState state = read_checkpoint_state(latest);
   check_checkpoint_model(state, c_.model, latest);
@@ -655,8 +672,9 @@ std::string host_memory_line(const std::vector<RankHostMemory>& ranks, bool resu
         "beside its device and its checkpoints' buffers): its check before a launch may let a plan through that this "
         "host cannot hold%s\n",
         nearest, format_bytes(n.peak - n.counted).c_str(), format_bytes(kRankProcessBytes).c_str(),
-        resumed ? " — or, as this run resumed, the checkpoint's files every rank read through a mapping count "
-                  "toward its peak: page cache, which the kernel takes back when it needs the memory"
+        resumed ? " — or, as this run resumed, what it read of the checkpoint's files through a mapping (rank 0 "
+                  "verifies all of them) counts toward its peak: page cache, which the kernel takes back when it "
+                  "needs the memory"
                 : "");
   }
   return line;

@@ -109,7 +109,7 @@ struct RankHostMemory {
 };
 // What h2 train prints after a run: the ranks' peak resident memory beside what was counted for them, together and
 // for the rank highest against its count, and a warning naming the rank when one took more — saying, when the run
-// `resumed`, that every rank's peak then holds the checkpoint's files it verified through a mapping (page cache).
+// `resumed`, that a rank's peak then holds what it read of the checkpoint's files through a mapping (page cache).
 std::string host_memory_line(const std::vector<RankHostMemory>& ranks, bool resumed);
 
 struct FinishedRun {

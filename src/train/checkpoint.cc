@@ -69,10 +69,11 @@ std::vector<std::string> safetensors_in(const std::string& folder) {
   return names;
 }
 
-// The files a load reads, each checked against the manifest: size, every tensor's checksum, finite values.
-// A version-1 checkpoint has no manifest: its files are read as they are.
-std::vector<std::unique_ptr<SafetensorsFile>> open_verified(const std::string& checkpoint,
-                                                            const CheckpointState& state) {
+// A checkpoint's files as its manifest names them, each checked against it without reading its tensors: its size,
+// and that its header holds the tensors the manifest lists for it. A version-1 checkpoint has no manifest: its files
+// are read as they are.
+std::vector<std::unique_ptr<SafetensorsFile>> open_checked(const std::string& checkpoint,
+                                                           const CheckpointState& state) {
   std::vector<std::unique_ptr<SafetensorsFile>> out;
   if (state.files.empty()) {
     for (const std::string& n : safetensors_in(checkpoint)) {
@@ -91,24 +92,8 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_verified(const std::string& c
     }
     auto file = std::make_unique<SafetensorsFile>(path);
     for (const SafetensorsEntry& e : file->entries()) {
-      const auto it = want.crc32.find(e.name);
-      if (it == want.crc32.end())
+      if (want.crc32.count(e.name) == 0)
         throw Error(ErrorCode::kIo, cat(path, ": tensor '", e.name, "' is not in the manifest"));
-      const uint32_t crc = crc_of(e);
-      if (crc != it->second) {
-        throw Error(ErrorCode::kIo, cat(path, ": tensor '", e.name, "' does not match its checksum (CRC-32 ", crc,
-                                        ", saved ", it->second, "): the file is corrupt"));
-      }
-      if (e.dtype == DType::kF32) {
-        const auto* v = static_cast<const float*>(e.data);
-        const size_t n = bytes_of(e) / 4;
-        for (size_t i = 0; i < n; ++i) {
-          if (!std::isfinite(v[i])) {
-            throw Error(ErrorCode::kIo, cat(path, ": tensor '", e.name, "' holds ", v[i], " at element ", i,
-                                            ": the run had diverged when it was saved"));
-          }
-        }
-      }
     }
     if (file->entries().size() != want.crc32.size()) {
       throw Error(ErrorCode::kIo,
@@ -117,6 +102,29 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_verified(const std::string& c
     out.push_back(std::move(file));
   }
   return out;
+}
+
+// One tensor of a file open_checked returned, read through: its checksum against the manifest's, and its values
+// finite. Nothing to check in a version-1 checkpoint.
+void verify_tensor(const SafetensorsFile& file, const SafetensorsEntry& e, const CheckpointState& state) {
+  const auto listed = state.files.find(fs::path(file.path()).filename().string());
+  if (listed == state.files.end()) return;
+  const std::string& path = file.path();
+  const uint32_t crc = crc_of(e), saved = listed->second.crc32.at(e.name);
+  if (crc != saved) {
+    throw Error(ErrorCode::kIo, cat(path, ": tensor '", e.name, "' does not match its checksum (CRC-32 ", crc,
+                                    ", saved ", saved, "): the file is corrupt"));
+  }
+  if (e.dtype == DType::kF32) {
+    const auto* v = static_cast<const float*>(e.data);
+    const size_t n = bytes_of(e) / 4;
+    for (size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(v[i])) {
+        throw Error(ErrorCode::kIo, cat(path, ": tensor '", e.name, "' holds ", v[i], " at element ", i,
+                                        ": the run had diverged when it was saved"));
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -309,7 +317,12 @@ void check_checkpoint_model(const CheckpointState& state, const GptConfig& confi
   }
 }
 
-void verify_checkpoint(const std::string& checkpoint) { open_verified(checkpoint, read_checkpoint_state(checkpoint)); }
+void verify_checkpoint(const std::string& checkpoint) {
+  const CheckpointState state = read_checkpoint_state(checkpoint);
+  for (const auto& file : open_checked(checkpoint, state)) {
+    for (const SafetensorsEntry& e : file->entries()) verify_tensor(*file, e, state);
+  }
+}
 
 std::string resume_checkpoint(const std::string& dir, std::vector<std::string>* skipped) {
   std::vector<std::string> candidates, reasons;
@@ -344,9 +357,12 @@ std::string resume_checkpoint(const std::string& dir, std::vector<std::string>* 
 }
 
 void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vector<float>* m, std::vector<float>* v) {
-  // The manifest's files, verified: a single-device checkpoint has one pair, a pipelined run's one per stage.
+  // The manifest's files (a single-device checkpoint has one pair, a pipelined run's one per stage); of their
+  // tensors only those this model reads are read through and verified — a stage of a large model reads its own
+  // range, not every stage's.
+  const CheckpointState state = read_checkpoint_state(checkpoint);
   std::vector<std::unique_ptr<SafetensorsFile>> params, moments;
-  for (auto& file : open_verified(checkpoint, read_checkpoint_state(checkpoint))) {
+  for (auto& file : open_checked(checkpoint, state)) {
     const std::string n = fs::path(file->path()).filename().string();
     if (n.starts_with("model"))
       params.push_back(std::move(file));
@@ -356,7 +372,9 @@ void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vec
   auto find = [&](const std::vector<std::unique_ptr<SafetensorsFile>>& files, const std::string& name,
                   const char* what) -> const SafetensorsEntry& {
     for (const auto& f : files) {
-      if (f->has(name)) return f->at(name);
+      if (!f->has(name)) continue;
+      verify_tensor(*f, f->at(name), state);
+      return f->at(name);
     }
     throw Error(ErrorCode::kNotFound,
                 cat(checkpoint, ": no ", what, " file holds '", name, "'; was it saved from a different model?"));

@@ -77,7 +77,9 @@ std::string commit_checkpoint(const std::string& dir, int64_t step, int keep, co
 
 // Fills every parameter of `model` (any range, any tensor-parallel shard) by name from the checkpoint's model files,
 // and when m and v are given, the moments into them (laid out like the flat parameters). Errors name the checkpoint and
-// tensor.
+// tensor. Every file of the manifest is checked for its size and tensors' names, but only the tensors read are read
+// through and verified (checksum, finite values): a rank of a pipelined run reads its own stage's, not the whole
+// checkpoint (verify_checkpoint, resume_checkpoint: all of it).
 void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vector<float>* m, std::vector<float>* v);
 
 // The folder `latest` names in `dir`; Error(kNotFound) when there is none.

@@ -645,6 +645,31 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   EXPECT_EQ(last_step.substr(0, last_step.find("\"step_s\"")), full_step.substr(0, full_step.find("\"step_s\"")));
 }
 
+// Each rank reads only its own stage's tensors of a checkpoint; which checkpoint they resume from, rank 0 decides,
+// having verified each whole. A damaged tensor in the newest checkpoint's last stage — a file the first stage's rank
+// does not read — sends every rank back to the checkpoint before, and the run ends where the uninterrupted one did.
+TEST_F(ClusterTraining, ADamagedStageOfTheNewestCheckpointSendsEveryRankToTheOneBefore) {
+  const Result full = run_h2(command());  // 6 steps, a checkpoint every 2
+  ASSERT_EQ(full.status, 0) << full.output;
+  const auto full_metrics = metric_lines(dir_ + "/run/metrics.jsonl");
+  const std::string damaged = dir_ + "/run/checkpoints/step_000006/model.stage1.safetensors";
+  {
+    std::fstream f(damaged, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekg(-1, std::ios::end);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x40);  // an exponent bit of its last value
+    f.seekp(-1, std::ios::end);
+    f.write(&byte, 1);
+  }
+  const Result resumed = run_h2(command() + " --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("warning: not resuming from " + dir_ + "/run/checkpoints/step_000006: "));
+  EXPECT_THAT(resumed.output, HasSubstr("model.stage1.safetensors: tensor '"));
+  EXPECT_THAT(resumed.output, HasSubstr("resumed from " + dir_ + "/run/checkpoints/step_000004"));
+  EXPECT_EQ(metric_lines(dir_ + "/run/metrics.jsonl").back(), full_metrics.back());  // the held-out loss, bit for bit
+}
+
 // Under mpirun (or srun) every process is one rank of a given plan: the ranks find each other through the
 // variables the launcher sets (here set by hand: OMPI_COMM_WORLD_RANK/SIZE, as Open MPI's mpirun does), train,
 // and rank 0 writes the merged trace and summary. The reference: the same plan run by the local driver.

@@ -180,7 +180,7 @@ TEST(ClusterJobHostMemory, TheRanksMeasuredPeaksArePrintedBesideTheirCounts) {
                               "440.0 MiB of 400.0 MiB (1.10)\n"));
   EXPECT_THAT(past, HasSubstr("warning: rank 2 took 40.0 MiB more of this host's memory than h2 counted for it"));
   EXPECT_THAT(past, Not(HasSubstr("resumed")));
-  EXPECT_THAT(host_memory_line(ranks, true), HasSubstr("as this run resumed, the checkpoint's files"));
+  EXPECT_THAT(host_memory_line(ranks, true), HasSubstr("as this run resumed, what it read of the checkpoint's files"));
   EXPECT_EQ(host_memory_line({}, false), "");
 }
 

@@ -351,6 +351,18 @@ void flip_bit(const std::string& path, uintmax_t from_end) {
   f.write(&byte, 1);
 }
 
+// Flips an exponent bit of the first value of safetensors file `path`'s tensor `name` (found through its header).
+void flip_tensor_bit(const std::string& path, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t length = 0;
+  in.read(reinterpret_cast<char*>(&length), 8);
+  std::string header(length, ' ');
+  in.read(header.data(), static_cast<std::streamsize>(length));
+  const uint64_t first = 8 + length + nlohmann::json::parse(header).at(name).at("data_offsets")[0].get<uint64_t>();
+  in.close();
+  flip_bit(path, fs::file_size(path) - first - 3);  // the first float's top byte
+}
+
 // A damaged checkpoint is never loaded silently: a truncated file, garbage in a header, one flipped bit (which
 // used to resume with another loss and no warning) and a NaN weight are errors naming the file and the tensor;
 // --resume falls back to the newest checkpoint that verifies and says which it skipped and why; a stray file the
@@ -409,6 +421,30 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedAndResumeFallsBack) {
   // Nothing verifies: the error lists every reason.
   EXPECT_THAT(error_of([&] { resume_checkpoint(c.out_dir + "/none", nullptr); }, ErrorCode::kNotFound),
               HasSubstr("no checkpoint to resume from verifies"));
+}
+
+// A load reads through and verifies only the tensors it takes: a stage's range does not read another stage's
+// tensors, nor a load of the weights alone the optimizer's moments — each damaged, the loads that take it fail naming
+// it, and verify_checkpoint (resume_checkpoint's check of a whole checkpoint) still finds both.
+TEST(Checkpoint, ALoadVerifiesOnlyTheTensorsItTakes) {
+  TrainConfig c = tiny_config("ckpt_partial", "cpu");
+  c.steps = 2;
+  train(c, {.quiet = true});
+  const std::string newest = latest_checkpoint(c.out_dir + "/checkpoints");
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Gpt whole(c.model, *dev, GptRange::whole(c.model), 1, 4);
+  Gpt first(c.model, *dev, GptRange{true, 0, 1, false}, 1, 4);  // the embedding and block 0
+  const OptimizerState moments{dev->zeros(DType::kF32, {whole.num_params()}),
+                               dev->zeros(DType::kF32, {whole.num_params()})};
+  flip_tensor_bit(newest + "/optimizer.safetensors", "m.wte.weight");
+  load_checkpoint(newest, whole, nullptr);
+  EXPECT_THAT(error_of([&] { load_checkpoint(newest, whole, &moments); }, ErrorCode::kIo),
+              HasSubstr("optimizer.safetensors: tensor 'm.wte.weight' does not match its checksum"));
+  flip_tensor_bit(newest + "/model.safetensors", "h.1.mlp.c_proj.weight");
+  load_checkpoint(newest, first, nullptr);
+  EXPECT_THAT(error_of([&] { load_checkpoint(newest, whole, nullptr); }, ErrorCode::kIo),
+              HasSubstr("model.safetensors: tensor 'h.1.mlp.c_proj.weight' does not match its checksum"));
+  EXPECT_THAT(error_of([&] { verify_checkpoint(newest); }, ErrorCode::kIo), HasSubstr("does not match its checksum"));
 }
 
 // A token shard truncated in place while training (it used to kill the run with SIGBUS through the mapping, with
