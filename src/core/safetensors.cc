@@ -27,8 +27,9 @@ const char* st_dtype_name(DType dtype) {
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : writer_(path) {
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -39,18 +40,29 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsEnt
     header[e.name] = {
         {"dtype", st_dtype_name(e.dtype)}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    entries_.emplace_back(e.name, bytes);
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // pad so tensor data starts 8-byte aligned
   const uint64_t length = text.size();
-  AtomicFileWriter writer(path);
-  writer.write(&length, 8);
-  writer.write(text.data(), text.size());
-  for (const SafetensorsEntry& e : entries) {
-    int64_t n = 1;
-    for (int64_t d : e.shape) n *= d;
-    writer.write(e.data, static_cast<size_t>(n) * dtype_size(e.dtype));
-  }
+  writer_.write(&length, 8);
+  writer_.write(text.data(), text.size());
+}
+
+void SafetensorsWriter::append(const void* data) {
+  H2_CHECK(next_ < entries_.size()) << "more tensors appended than the header lists";
+  writer_.write(data, entries_[next_++].second);
+}
+
+void SafetensorsWriter::commit() {
+  H2_CHECK(next_ == entries_.size()) << "tensor '" << entries_[next_].first << "' of the header was never appended";
+  writer_.commit();
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                       const std::map<std::string, std::string>& metadata) {
+  SafetensorsWriter writer(path, entries, metadata);
+  for (const SafetensorsEntry& e : entries) writer.append(e.data);
   writer.commit();
 }
 

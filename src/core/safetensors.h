@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -25,6 +26,22 @@ struct SafetensorsEntry {
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A safetensors file written a tensor at a time, so that a writer holds one tensor, not all: the header from every
+// entry's name, dtype and shape (their data unused), then each one's bytes in the entries' order (append), into a
+// temporary file that commit() renames into place once every entry is in.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                    const std::map<std::string, std::string>& metadata = {});
+  void append(const void* data);  // the next entry's bytes
+  void commit();
+
+ private:
+  AtomicFileWriter writer_;
+  std::vector<std::pair<std::string, uint64_t>> entries_;  // name, bytes
+  size_t next_ = 0;
+};
 
 class SafetensorsFile {
  public:

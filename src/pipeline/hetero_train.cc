@@ -338,14 +338,11 @@ void RankTraining::save(int64_t done) {
     // The last stage's copy of the tied embedding is the first stage's: written once. TP ranks put their shards
     // together; the first of them writes, a file per virtual stage.
     const int vs = chunk->virtual_stage();
-    const std::vector<SavedParam> params = saved_params(
-        chunk->model(), mom.data(), vel.data(),
-        [&](const Gpt::Param& p) { return !(vs > 0 && p.name == "wte.weight"); },
-        [&](std::vector<float>& x) { comms_.tp.all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum); });
-    if (place_.t == 0) {
-      write_model_files((fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(), cat(".stage", vs),
-                        params);
-    }
+    write_model_files(
+        (fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(), cat(".stage", vs), chunk->model(),
+        mom.data(), vel.data(), [&](const Gpt::Param& p) { return !(vs > 0 && p.name == "wte.weight"); },
+        [&](std::vector<float>& x) { comms_.tp.all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum); },
+        place_.t == 0);
   }
   world_.barrier();
   if (rank_ == 0) {
@@ -630,25 +627,29 @@ HostBytes rank_host_bytes(const std::string& backend, double device_bytes, doubl
 
 double checkpoint_host_bytes(const Plan& plan, int stage, int replica, bool zero1) {
   const StagePlan& s = plan.stages[static_cast<size_t>(stage)];
-  StageMemorySpec spec{.shape = plan.shape,
-                       .embedding = s.embedding,
-                       .head = s.head,
-                       .layers = s.layers,
-                       .starts_at_mlp = s.starts_at_mlp,
-                       .ends_at_attention = s.ends_at_attention,
-                       .tp = s.tp};
+  const TransformerShape& shape = plan.shape;
   constexpr double kF32 = 4;
-  const double shard = static_cast<double>(stage_params(spec));
+  const double shard = static_cast<double>(stage_params({.shape = shape,
+                                                         .embedding = s.embedding,
+                                                         .head = s.head,
+                                                         .layers = s.layers,
+                                                         .starts_at_mlp = s.starts_at_mlp,
+                                                         .ends_at_attention = s.ends_at_attention,
+                                                         .tp = s.tp}));
   double bytes = 2 * kF32 * (shard + (zero1 ? std::ceil(shard / s.dp) : 0.0));
-  if (replica == 0) {
-    spec.tp = 1;
-    double whole = static_cast<double>(stage_params(spec));
-    if (s.head && !s.embedding && plan.shape.tied_embeddings) {
-      whole -= static_cast<double>(plan.shape.vocab) * static_cast<double>(plan.shape.hidden);
-    }
-    bytes += 3 * kF32 * whole;
+  if (replica != 0) return bytes;
+  // The tensor being written: its shard, its value and moments whole, and a block's matrices' value transposed too.
+  const auto writing = [&](double elements, bool transposed) {
+    return kF32 * ((transposed ? 4 : 3) * elements + std::ceil(elements / s.tp));
+  };
+  const double C = static_cast<double>(shape.hidden), table = static_cast<double>(shape.vocab) * C;
+  double largest = 0;
+  if (s.embedding || (s.head && !shape.tied_embeddings)) largest = writing(table, false);
+  if (s.layers > 0) {
+    const double qkv = C + 2.0 * static_cast<double>(shape.kv_dim());
+    largest = std::max(largest, writing(C * std::max(qkv, static_cast<double>(shape.ffn)), true));
   }
-  return bytes;
+  return bytes + largest;
 }
 
 std::string host_memory_line(const std::vector<RankHostMemory>& ranks, bool resumed) {

@@ -94,13 +94,13 @@ struct HostBytes {
 };
 HostBytes rank_host_bytes(const std::string& backend, double device_bytes, double checkpoint_bytes);
 
-// The host buffers of a checkpoint at its peak on a rank of `stage`'s replica `replica` (checkpoint.h's
-// saved_params, as RankTraining::save takes them): every rank copies its Adam moments out (two f32 per parameter of
-// its shard; with `zero1`, gathered over the replicas beside its own share), and the ranks of a stage's first replica
-// each put the whole stage together — its weights and both moments in f32, every TP rank holding all of them for the
-// sum that joins the shards —, the last stage's copy of a tied table left out (the first stage writes it). Measured
-// beside it: the built-in example's first-stage ranks took 426 MiB besides their devices, 2026-12-07, where 256 MiB
-// had been counted without it.
+// The host buffers of a checkpoint at its peak on a rank of `stage`'s replica `replica` (RankTraining::save): every
+// rank copies its Adam moments out (two f32 per parameter of its shard; with `zero1`, gathered over the replicas
+// beside its own share), and the ranks of a stage's first replica put its tensors together one at a time
+// (checkpoint.h's write_model_files; every TP rank holds each whole for the sum that joins the shards): the largest
+// tensor the stage writes — its shard, its value and both moments whole in f32, and a block's matrix transposed
+// to Hugging Face's layout besides. Measured: the built-in example's first-stage ranks took 426 MiB besides their
+// devices, 2026-12-07, where 256 MiB had been counted without it (the whole stage was put together then).
 double checkpoint_host_bytes(const Plan& plan, int stage, int replica, bool zero1);
 
 struct RankHostMemory {

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <tuple>
 
 #include "core/error.h"
@@ -146,12 +148,12 @@ std::string begin_checkpoint(const std::string& dir, int64_t step) {
   return tmp_dir.string();
 }
 
-std::vector<SavedParam> saved_params(Gpt& model, const float* m, const float* v,
-                                     const std::function<bool(const Gpt::Param&)>& include,
-                                     const std::function<void(std::vector<float>&)>& tp_sum) {
+void for_each_saved_param(Gpt& model, const float* m, const float* v,
+                          const std::function<bool(const Gpt::Param&)>& include,
+                          const std::function<void(std::vector<float>&)>& tp_sum,
+                          const std::function<void(const SavedParam&)>& take) {
   const TensorParallel& tp = model.tp();
   H2_CHECK(tp.size == 1 || tp_sum) << "a tensor-parallel model's checkpoint needs the TP group's sum";
-  std::vector<SavedParam> out;
   int64_t offset = 0;
   for (const Gpt::Param& p : model.params()) {
     const int64_t n = p.value.numel();
@@ -173,22 +175,40 @@ std::vector<SavedParam> saved_params(Gpt& model, const float* m, const float* v,
       saved.value = transposed(saved.value, s[0], s[1]);
       saved.hf_shape = {s[1], s[0]};
     }
-    out.push_back(std::move(saved));
+    take(saved);
     offset += n;
   }
-  return out;
 }
 
-void write_model_files(const std::string& folder, const std::string& part, const std::vector<SavedParam>& params) {
+void write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m, const float* v,
+                       const std::function<bool(const Gpt::Param&)>& include,
+                       const std::function<void(std::vector<float>&)>& tp_sum, bool write) {
+  // The headers first, from the shapes alone: the tensors follow one at a time.
   std::vector<SafetensorsEntry> values, moments;
-  for (const SavedParam& p : params) {
-    values.push_back({p.name, DType::kF32, p.hf_shape, p.value.data()});
-    moments.push_back({"m." + p.name, DType::kF32, p.shape, p.m.data()});
-    moments.push_back({"v." + p.name, DType::kF32, p.shape, p.v.data()});
+  for (const Gpt::Param& p : model.params()) {
+    if (include && !include(p)) continue;
+    const std::vector<int64_t> shape = dims(p.full_shape);
+    values.push_back(
+        {p.name, DType::kF32, p.hf_transposed ? std::vector<int64_t>{shape[1], shape[0]} : shape, nullptr});
+    moments.push_back({"m." + p.name, DType::kF32, shape, nullptr});
+    moments.push_back({"v." + p.name, DType::kF32, shape, nullptr});
   }
-  write_safetensors((fs::path(folder) / ("model" + part + ".safetensors")).string(), values,
-                    {{"format", "pt"}, {"producer", "h2"}});
-  write_safetensors((fs::path(folder) / ("optimizer" + part + ".safetensors")).string(), moments);
+  std::optional<SafetensorsWriter> value_file, moment_file;
+  if (write) {
+    value_file.emplace((fs::path(folder) / ("model" + part + ".safetensors")).string(), values,
+                       std::map<std::string, std::string>{{"format", "pt"}, {"producer", "h2"}});
+    moment_file.emplace((fs::path(folder) / ("optimizer" + part + ".safetensors")).string(), moments);
+  }
+  for_each_saved_param(model, m, v, include, tp_sum, [&](const SavedParam& p) {
+    if (!write) return;
+    value_file->append(p.value.data());
+    moment_file->append(p.m.data());
+    moment_file->append(p.v.data());
+  });
+  if (write) {
+    value_file->commit();
+    moment_file->commit();
+  }
 }
 
 void write_checkpoint_state(const std::string& folder, const CheckpointState& state) {
@@ -246,7 +266,7 @@ std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerS
                             const CheckpointState& state, int keep, const std::string& protect) {
   const std::string folder = begin_checkpoint(dir, state.step);
   const std::vector<float> m = to_host(optimizer.m), v = to_host(optimizer.v);
-  write_model_files(folder, "", saved_params(model, m.data(), v.data(), nullptr));
+  write_model_files(folder, "", model, m.data(), v.data(), nullptr, nullptr, true);
   write_checkpoint_state(folder, state);
   return commit_checkpoint(dir, state.step, keep, protect);
 }

@@ -61,14 +61,19 @@ struct SavedParam {
   std::vector<int64_t> hf_shape, shape;
   std::vector<float> value, m, v;
 };
-// The parameters `include` accepts (all when null); m and v are laid out like the model's flat parameters.
-// With tensor parallelism `tp_sum` sums a host vector in place over the model's TP ranks (a collective: every
-// TP rank calls this with the same `include`), which puts the shards together.
-std::vector<SavedParam> saved_params(Gpt& model, const float* m, const float* v,
-                                     const std::function<bool(const Gpt::Param&)>& include,
-                                     const std::function<void(std::vector<float>&)>& tp_sum = nullptr);
-// model<part>.safetensors and optimizer<part>.safetensors.
-void write_model_files(const std::string& folder, const std::string& part, const std::vector<SavedParam>& params);
+// Each parameter `include` accepts (all when null), in the model's order, given to `take` and then let go: one
+// whole tensor at a time in the host's memory. m and v are laid out like the model's flat parameters. With tensor
+// parallelism `tp_sum` sums a host vector in place over the model's TP ranks (a collective: every TP rank calls
+// this with the same `include`), which puts the shards together.
+void for_each_saved_param(Gpt& model, const float* m, const float* v,
+                          const std::function<bool(const Gpt::Param&)>& include,
+                          const std::function<void(std::vector<float>&)>& tp_sum,
+                          const std::function<void(const SavedParam&)>& take);
+// model<part>.safetensors and optimizer<part>.safetensors of those parameters, written a tensor at a time as
+// for_each_saved_param puts each together; by the TP rank that `write`s (every TP rank calls it, for the sums).
+void write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m, const float* v,
+                       const std::function<bool(const Gpt::Param&)>& include,
+                       const std::function<void(std::vector<float>&)>& tp_sum, bool write);
 // Writes state.json with the manifest of the folder's safetensors files as they are on disk.
 void write_checkpoint_state(const std::string& folder, const CheckpointState& state);
 // Moves the folder into place, points `latest` at it and removes the oldest beyond the newest `keep` (0 = none),

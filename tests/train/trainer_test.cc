@@ -288,7 +288,10 @@ TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
   const auto no_sum = [](std::vector<float>&) {};  // a group of one here: the test adds the shards itself
   const auto all_values = [&](Gpt& m) {
     std::vector<float> zeros(static_cast<size_t>(m.num_params()), 0.0f);
-    return saved_params(m, zeros.data(), zeros.data(), nullptr, no_sum);
+    std::vector<SavedParam> out;
+    for_each_saved_param(m, zeros.data(), zeros.data(), nullptr, no_sum,
+                         [&](const SavedParam& p) { out.push_back(p); });
+    return out;
   };
   const std::vector<SavedParam> want = all_values(whole);
   std::vector<SavedParam> sum;
@@ -338,6 +341,32 @@ TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
     ASSERT_EQ(std::memcmp(a.data(), b.data(), static_cast<size_t>(a.bytes())), 0) << fresh.params()[i].name;
   }
   fs::remove_all(dir);
+}
+
+// A checkpoint's files are written a tensor at a time, so that a rank holds one whole tensor in the host's memory and
+// not its whole stage (which for a stage of a 100B model is tens of GB): when the TP group sums the last tensor, the
+// ones before it are in the files already — and the files hold the whole model.
+TEST(Checkpoint, FilesAreWrittenATensorAtATime) {
+  const GptConfig config{.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 30, .seq_len = 8};
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Gpt shard(config, *dev, GptRange::whole(config), 1, 4,
+            TensorParallel{0, 2, [](const Tensor&) {}, [](const Tensor&) {}});
+  shard.init(1);
+  const std::string folder = testing_util::temp_dir("ckpt_stream");
+  const std::vector<float> zeros(static_cast<size_t>(shard.num_params()), 0.0f);
+  std::vector<uintmax_t> on_disk;  // the folder's bytes at each sum
+  const auto sum = [&](std::vector<float>&) {
+    uintmax_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(folder)) bytes += e.file_size();
+    on_disk.push_back(bytes);
+  };
+  write_model_files(folder, "", shard, zeros.data(), zeros.data(), nullptr, sum, true);
+  ASSERT_GT(on_disk.size(), 3u);
+  EXPECT_GT(on_disk.back(), on_disk.front() + 4 * 16 * 16);  // at least a 16 x 16 tensor's value and moments
+  const SafetensorsFile model(folder + "/model.safetensors");
+  EXPECT_EQ(model.entries().size(), shard.params().size());
+  for (const Gpt::Param& p : shard.params()) EXPECT_TRUE(model.has(p.name)) << p.name;
+  fs::remove_all(folder);
 }
 
 // Flips one bit of a file at `offset` from its end.
