@@ -85,7 +85,7 @@ RankOutcome run_rank(const HeteroRun& run, Job& job, bool quiet, const std::atom
 // counts it for every rank before it starts them on one host (check_host_memory, pipeline/cluster_job.h), and every
 // rank measures its peak resident memory beside it (summary.json's memory[]: host_peak_bytes beside
 // host_counted_bytes).
-inline constexpr double kRankProcessBytes = 256.0 * (1 << 20);  // measured 180-224 MiB besides the rest, 2026-12-07
+inline constexpr double kRankProcessBytes = 256.0 * (1 << 20);  // measured 174-180 MiB besides the rest, 2026-12-07
 struct HostBytes {
   int ranks = 0;
   double processes = 0, devices = 0, checkpoints = 0;
