@@ -586,18 +586,19 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   }
   EXPECT_EQ(nlohmann::json::parse(full_metrics.front()).at("mem_peak_bytes").size(), 2u);
   // Every rank's process, measured, beside the host memory counted for it before the launch (check_host_memory):
-  // 256 MiB for the process, its emulated device and its checkpoints' buffers. Below the count (a process that took
-  // more would let plans this host cannot hold through the check; not under AddressSanitizer, whose shadow memory and
-  // quarantine are no part of a rank's) and not far above it either (a count more than twice the need would refuse
-  // plans this host can hold: these ranks took 168-170 MiB of their 257 MiB, 2026-12-07).
+  // 256 MiB for the process, its emulated device and its checkpoints' buffers. In the release build, below the count
+  // (a process that took more would let plans this host cannot hold through the check) and not far above it either (a
+  // count more than twice the need would refuse plans this host can hold): these ranks took 168-170 MiB of their 257
+  // MiB, 2026-12-07. Not under AddressSanitizer, whose allocator makes a rank's process another size (98 MiB there).
   for (const auto& m : summary.at("memory")) {
     const double peak = m.at("host_peak_bytes").get<double>(), counted = m.at("host_counted_bytes").get<double>();
     // Beside them the checkpoints' buffers (by hand in ClusterJobHostMemory.CheckpointsTake...): under 1 MiB here.
     EXPECT_GT(counted, 256.0 * (1 << 20) + m.at("planned_bytes").get<double>()) << m.dump();
     EXPECT_LT(counted, 257.0 * (1 << 20) + m.at("planned_bytes").get<double>()) << m.dump();
-    EXPECT_GT(peak, 0.4 * counted) << m.dump();
+    EXPECT_GT(peak, m.at("peak_bytes").get<double>()) << m.dump();  // the process holds its emulated device
 #ifndef __SANITIZE_ADDRESS__
     EXPECT_LE(peak, counted) << m.dump();
+    EXPECT_GT(peak, 0.4 * counted) << m.dump();
 #endif
   }
   EXPECT_THAT(full.output, HasSubstr("host memory, each rank's measured peak resident beside h2's count for it: "
