@@ -106,6 +106,12 @@ std::vector<std::unique_ptr<SafetensorsFile>> open_checked(const std::string& ch
   return out;
 }
 
+// A parameter's shape in the checkpoint's model file: Hugging Face's layout (its Conv1D matrices transposed).
+std::vector<int64_t> hf_dims(const Gpt::Param& p) {
+  const std::vector<int64_t> d = dims(p.full_shape);
+  return p.hf_transposed ? std::vector<int64_t>{d[1], d[0]} : d;
+}
+
 // One tensor of a file open_checked returned, read through: its checksum against the manifest's, and its values
 // finite. Nothing to check in a version-1 checkpoint.
 void verify_tensor(const SafetensorsFile& file, const SafetensorsEntry& e, const CheckpointState& state) {
@@ -164,17 +170,14 @@ void for_each_saved_param(Gpt& model, const float* m, const float* v,
     // Each TP rank puts its shard in place over zeros; the sum over the ranks is the whole tensor, exactly.
     const Shape& s = p.full_shape;
     const std::vector<float> local = to_host(p.value);
-    SavedParam saved{p.name, dims(s), dims(s), {}, {}, {}};
+    SavedParam saved{p.name, hf_dims(p), dims(s), {}, {}, {}};
     for (auto [from, to] : {std::pair{local.data(), &saved.value}, {m + offset, &saved.m}, {v + offset, &saved.v}}) {
       to->assign(static_cast<size_t>(s.numel()), 0.0f);
       tp_runs(p.split, s, tp.rank, tp.size,
               [&](int64_t full, int64_t mine, int64_t count) { std::copy_n(from + mine, count, to->data() + full); });
       if (tp.size > 1 && p.split != TpSplit::kNone) tp_sum(*to);
     }
-    if (p.hf_transposed) {
-      saved.value = transposed(saved.value, s[0], s[1]);
-      saved.hf_shape = {s[1], s[0]};
-    }
+    if (p.hf_transposed) saved.value = transposed(saved.value, s[0], s[1]);
     take(saved);
     offset += n;
   }
@@ -187,11 +190,9 @@ void write_model_files(const std::string& folder, const std::string& part, Gpt& 
   std::vector<SafetensorsEntry> values, moments;
   for (const Gpt::Param& p : model.params()) {
     if (include && !include(p)) continue;
-    const std::vector<int64_t> shape = dims(p.full_shape);
-    values.push_back(
-        {p.name, DType::kF32, p.hf_transposed ? std::vector<int64_t>{shape[1], shape[0]} : shape, nullptr});
-    moments.push_back({"m." + p.name, DType::kF32, shape, nullptr});
-    moments.push_back({"v." + p.name, DType::kF32, shape, nullptr});
+    values.push_back({p.name, DType::kF32, hf_dims(p), nullptr});
+    moments.push_back({"m." + p.name, DType::kF32, dims(p.full_shape), nullptr});
+    moments.push_back({"v." + p.name, DType::kF32, dims(p.full_shape), nullptr});
   }
   std::optional<SafetensorsWriter> value_file, moment_file;
   if (write) {
@@ -413,7 +414,7 @@ void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vec
   for (const Gpt::Param& p : model.params()) {
     const Shape& s = p.full_shape;
     const SafetensorsEntry& e = find(params, p.name, "model");
-    const std::vector<int64_t> want = p.hf_transposed ? std::vector<int64_t>{s[1], s[0]} : dims(s);
+    const std::vector<int64_t> want = hf_dims(p);
     if (e.dtype != DType::kF32 || e.shape != want) {
       throw Error(ErrorCode::kIo, cat(checkpoint, ": tensor '", p.name, "' is ", dtype_name(e.dtype),
                                       " of another shape than the model's; was it saved from a different model?"));
