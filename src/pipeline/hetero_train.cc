@@ -139,6 +139,36 @@ std::vector<std::vector<double>> gather_bytes(Communicator& world, const std::ve
   return out;
 }
 
+// Rank 0 gets every rank's part of a checkpoint's manifest (its writers' sizes and checksums, as they wrote the
+// files; a rank that wrote none has an empty part) and returns them together; the others get an empty one.
+Manifest gather_manifest(Communicator& world, const Manifest& mine) {
+  constexpr uint32_t kManifestTag = 1;  // the only point-to-point messages on the job's world
+  const std::string text = mine.empty() ? std::string() : manifest_json(mine);
+  const std::vector<std::vector<double>> lengths = gather_bytes(world, {static_cast<double>(text.size())});
+  if (world.rank() != 0) {
+    if (!text.empty()) {
+      std::unique_ptr<Request> sent = world.isend(text.data(), text.size(), 0, kManifestTag);
+      world.wait_request(*sent, "checkpoint manifest", 0);
+    }
+    return {};
+  }
+  Manifest all = mine;
+  for (int r = 1; r < world.size(); ++r) {
+    const auto bytes = static_cast<size_t>(lengths[static_cast<size_t>(r)][0]);
+    if (bytes == 0) continue;
+    std::string text_of_r(bytes, '\0');
+    std::unique_ptr<Request> got = world.irecv(text_of_r.data(), bytes, r, kManifestTag);
+    world.wait_request(*got, "checkpoint manifest", r);
+    for (auto& [name, file] : parse_manifest(text_of_r, cat("rank ", r, "'s checkpoint files"))) {
+      if (!all.emplace(name, std::move(file)).second) {
+        throw Error(ErrorCode::kInternal,
+                    cat("rank ", r, " wrote checkpoint file ", name, ", which another rank wrote"));
+      }
+    }
+  }
+  return all;
+}
+
 // One rank's training, in the phases run_rank calls in order: join (the stage's communicators), build the stage
 // (its device and its range of the model), load the data, restore a checkpoint, the training loop, and finish
 // (the trace part and the measured summary).
@@ -331,6 +361,8 @@ void RankTraining::restore() {
 void RankTraining::save(int64_t done) {
   if (rank_ == 0) begin_checkpoint(checkpoint_dir_, done);
   world_.barrier();
+  const std::string folder = (fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string();
+  Manifest written;
   for (StageRunner* chunk : chunks_) {
     std::vector<float> mom, vel;
     chunk->optimizer_state(mom, vel);
@@ -338,20 +370,20 @@ void RankTraining::save(int64_t done) {
     // The last stage's copy of the tied embedding is the first stage's: written once. TP ranks put their shards
     // together; the first of them writes, a file per virtual stage.
     const int vs = chunk->virtual_stage();
-    write_model_files(
-        (fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(), cat(".stage", vs), chunk->model(),
-        mom.data(), vel.data(), [&](const Gpt::Param& p) { return !(vs > 0 && p.name == "wte.weight"); },
+    written.merge(write_model_files(
+        folder, cat(".stage", vs), chunk->model(), mom.data(), vel.data(),
+        [&](const Gpt::Param& p) { return !(vs > 0 && p.name == "wte.weight"); },
         [&](std::vector<float>& x) { comms_.tp.all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum); },
-        place_.t == 0);
+        place_.t == 0));
   }
-  world_.barrier();
+  const Manifest manifest = gather_manifest(world_, written);
   if (rank_ == 0) {
-    write_checkpoint_state((fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string(),
-                           CheckpointState{.step = done,
-                                           .model = c_.model,
-                                           .data = loader_->position(),
-                                           .data_seed = c_.seed,
-                                           .precision = c_.precision});
+    write_checkpoint_state(folder, CheckpointState{.step = done,
+                                                   .model = c_.model,
+                                                   .data = loader_->position(),
+                                                   .data_seed = c_.seed,
+                                                   .precision = c_.precision,
+                                                   .files = manifest});
     commit_checkpoint(checkpoint_dir_, done, c_.keep_checkpoints, resumed_from_);
   }
   world_.barrier();

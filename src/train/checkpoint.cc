@@ -48,17 +48,43 @@ size_t bytes_of(const SafetensorsEntry& e) {
   return n;
 }
 
-uint32_t crc_of(const SafetensorsEntry& e) {
+uint32_t crc32_of(const void* data, size_t bytes) {
   // zlib's crc32 takes at most 4 GiB a call.
   uLong crc = ::crc32(0L, Z_NULL, 0);
-  const auto* p = static_cast<const Bytef*>(e.data);
-  for (size_t left = bytes_of(e); left > 0;) {
+  const auto* p = static_cast<const Bytef*>(data);
+  for (size_t left = bytes; left > 0;) {
     const uInt n = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
     crc = ::crc32(crc, p, n);
     p += n;
     left -= n;
   }
   return static_cast<uint32_t>(crc);
+}
+
+uint32_t crc_of(const SafetensorsEntry& e) { return crc32_of(e.data, bytes_of(e)); }
+
+nlohmann::ordered_json manifest_to(const Manifest& manifest) {
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  for (const auto& [name, file] : manifest) {
+    nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
+    for (const auto& [tensor, crc] : file.crc32) crcs[tensor] = crc;
+    files[name] = {{"bytes", file.bytes}, {"crc32", crcs}};
+  }
+  return files;
+}
+
+// The manifest of `files` (state.json's "files"); nlohmann's exceptions for the caller to name the file.
+Manifest manifest_from(const nlohmann::json& files, const std::string& where) {
+  Manifest manifest;
+  for (const auto& [name, f] : files.items()) {
+    if (name.find('/') != std::string::npos || !name.ends_with(".safetensors")) {
+      throw Error(ErrorCode::kIo, cat(where, ": the manifest names '", name, "', not a checkpoint file"));
+    }
+    ManifestFile m{.bytes = f.at("bytes").get<uint64_t>(), .crc32 = {}};
+    for (const auto& [tensor, crc] : f.at("crc32").items()) m.crc32[tensor] = crc.get<uint32_t>();
+    manifest[name] = std::move(m);
+  }
+  return manifest;
 }
 
 std::vector<std::string> safetensors_in(const std::string& folder) {
@@ -137,6 +163,16 @@ void verify_tensor(const SafetensorsFile& file, const SafetensorsEntry& e, const
 
 }  // namespace
 
+std::string manifest_json(const Manifest& manifest) { return manifest_to(manifest).dump(); }
+
+Manifest parse_manifest(const std::string& text, const std::string& where) {
+  try {
+    return manifest_from(nlohmann::json::parse(text), where);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kIo, cat(where, ": malformed checkpoint manifest: ", e.what()));
+  }
+}
+
 std::string checkpoint_name(int64_t step) {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%06lld", static_cast<long long>(step));
@@ -183,9 +219,9 @@ void for_each_saved_param(Gpt& model, const float* m, const float* v,
   }
 }
 
-void write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m, const float* v,
-                       const std::function<bool(const Gpt::Param&)>& include,
-                       const std::function<void(std::vector<float>&)>& tp_sum, bool write) {
+Manifest write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m,
+                           const float* v, const std::function<bool(const Gpt::Param&)>& include,
+                           const std::function<void(std::vector<float>&)>& tp_sum, bool write) {
   // The headers first, from the shapes alone: the tensors follow one at a time.
   std::vector<SafetensorsEntry> values, moments;
   for (const Gpt::Param& p : model.params()) {
@@ -194,22 +230,31 @@ void write_model_files(const std::string& folder, const std::string& part, Gpt& 
     moments.push_back({"m." + p.name, DType::kF32, dims(p.full_shape), nullptr});
     moments.push_back({"v." + p.name, DType::kF32, dims(p.full_shape), nullptr});
   }
+  const std::string value_name = "model" + part + ".safetensors", moment_name = "optimizer" + part + ".safetensors";
   std::optional<SafetensorsWriter> value_file, moment_file;
   if (write) {
-    value_file.emplace((fs::path(folder) / ("model" + part + ".safetensors")).string(), values,
+    value_file.emplace((fs::path(folder) / value_name).string(), values,
                        std::map<std::string, std::string>{{"format", "pt"}, {"producer", "h2"}});
-    moment_file.emplace((fs::path(folder) / ("optimizer" + part + ".safetensors")).string(), moments);
+    moment_file.emplace((fs::path(folder) / moment_name).string(), moments);
   }
+  Manifest written;
   for_each_saved_param(model, m, v, include, tp_sum, [&](const SavedParam& p) {
     if (!write) return;
-    value_file->append(p.value.data());
-    moment_file->append(p.m.data());
-    moment_file->append(p.v.data());
+    // The checksums of the bytes as they leave memory: what the file should hold, whatever reaches the disk.
+    auto out = [&](SafetensorsWriter& file, const std::string& file_name, const std::string& tensor,
+                   const std::vector<float>& x) {
+      written[file_name].crc32[tensor] = crc32_of(x.data(), x.size() * sizeof(float));
+      file.append(x.data());
+    };
+    out(*value_file, value_name, p.name, p.value);
+    out(*moment_file, moment_name, "m." + p.name, p.m);
+    out(*moment_file, moment_name, "v." + p.name, p.v);
   });
-  if (write) {
-    value_file->commit();
-    moment_file->commit();
-  }
+  if (!write) return written;
+  value_file->commit();
+  moment_file->commit();
+  for (auto& [name, file] : written) file.bytes = fs::file_size(fs::path(folder) / name);
+  return written;
 }
 
 void write_checkpoint_state(const std::string& folder, const CheckpointState& state) {
@@ -226,15 +271,22 @@ void write_checkpoint_state(const std::string& folder, const CheckpointState& st
       {"data", {{"seed", state.data_seed}, {"epoch", state.data.epoch}, {"batch", state.data.batch}}},
       {"precision", precision_name(state.precision)},
       {"weights", "f32 master copy"}};
-  nlohmann::ordered_json files = nlohmann::ordered_json::object();
-  for (const std::string& name : safetensors_in(folder)) {
-    const std::string path = (fs::path(folder) / name).string();
-    const SafetensorsFile file(path);
-    nlohmann::ordered_json crcs = nlohmann::ordered_json::object();
-    for (const SafetensorsEntry& e : file.entries()) crcs[e.name] = crc_of(e);
-    files[name] = {{"bytes", fs::file_size(path)}, {"crc32", crcs}};
+  // The folder against the manifest, by the files' names and sizes only: reading them back would cost the
+  // whole checkpoint's reading on one rank, and would bless what reached the disk rather than what was written.
+  for (const auto& [name, file] : state.files) {
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(fs::path(folder) / name, ec);
+    if (ec) throw Error(ErrorCode::kIo, cat(folder, ": ", name, " was not written (its writer listed it)"));
+    if (size != file.bytes) {
+      throw Error(ErrorCode::kIo, cat(folder, ": ", name, " holds ", size, " bytes, its writer wrote ", file.bytes));
+    }
   }
-  json["files"] = files;
+  for (const std::string& name : safetensors_in(folder)) {
+    if (state.files.count(name) == 0)
+      throw Error(ErrorCode::kIo, cat(folder, ": ", name, " is in the folder but no writer listed it"));
+  }
+  if (state.files.empty()) throw Error(ErrorCode::kIo, cat(folder, ": no checkpoint file was written"));
+  json["files"] = manifest_to(state.files);
   write_file_atomic((fs::path(folder) / "state.json").string(), json.dump(2) + "\n");
 }
 
@@ -267,8 +319,9 @@ std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerS
                             const CheckpointState& state, int keep, const std::string& protect) {
   const std::string folder = begin_checkpoint(dir, state.step);
   const std::vector<float> m = to_host(optimizer.m), v = to_host(optimizer.v);
-  write_model_files(folder, "", model, m.data(), v.data(), nullptr, nullptr, true);
-  write_checkpoint_state(folder, state);
+  CheckpointState written = state;
+  written.files = write_model_files(folder, "", model, m.data(), v.data(), nullptr, nullptr, true);
+  write_checkpoint_state(folder, written);
   return commit_checkpoint(dir, state.step, keep, protect);
 }
 
@@ -307,14 +360,7 @@ CheckpointState read_checkpoint_state(const std::string& checkpoint) {
       state.precision = *p;
     }
     if (version >= 2) {
-      for (const auto& [name, f] : json.at("files").items()) {
-        if (name.find('/') != std::string::npos || !name.ends_with(".safetensors")) {
-          throw Error(ErrorCode::kIo, cat(path, ": the manifest names '", name, "', not a checkpoint file"));
-        }
-        ManifestFile m{.bytes = f.at("bytes").get<uint64_t>(), .crc32 = {}};
-        for (const auto& [tensor, crc] : f.at("crc32").items()) m.crc32[tensor] = crc.get<uint32_t>();
-        state.files[name] = std::move(m);
-      }
+      state.files = manifest_from(json.at("files"), path);
       if (state.files.empty()) throw Error(ErrorCode::kIo, cat(path, ": the manifest names no file"));
     }
   } catch (const nlohmann::json::exception& e) {

@@ -4,7 +4,8 @@
 //     (a pipelined run writes one pair per stage, model.stage<k>.safetensors and optimizer.stage<k>...; a
 //      reader looks every parameter up by name in whichever file holds it)
 //   <dir>/step_000100/state.json             format version, step, model config, data position, and the manifest:
-//                                            every file's size and each of its tensors' CRC-32, as written
+//                                            every file's size and each of its tensors' CRC-32, as its writer
+//                                            wrote them (computed from the bytes in memory, never read back)
 //   (a load reads only the files the manifest names and verifies each tensor's checksum and that every value is
 //    finite; a resume falls back to the newest checkpoint that verifies)
 //   <dir>/latest                             the name of the newest complete checkpoint
@@ -33,6 +34,12 @@ struct ManifestFile {
   uint64_t bytes = 0;
   std::map<std::string, uint32_t> crc32;  // per tensor, over its bytes (zlib's CRC-32)
 };
+using Manifest = std::map<std::string, ManifestFile>;  // by file name, within the checkpoint's folder
+
+// A manifest as JSON text and back (how state.json holds it, and how a pipelined run's writers hand theirs to
+// the rank that writes state.json). The parse throws Error(kIo) naming `where` when the text is not a manifest.
+std::string manifest_json(const Manifest& manifest);
+Manifest parse_manifest(const std::string& text, const std::string& where);
 
 struct CheckpointState {
   int64_t step = 0;  // optimizer steps completed
@@ -42,7 +49,7 @@ struct CheckpointState {
   // The precision the run computed in; the checkpoint's weights are its f32 master copy either way. Older
   // checkpoints, which do not say, were f32.
   Precision precision = Precision::kF32;
-  std::map<std::string, ManifestFile> files;  // read from state.json; the writer records the folder's files itself
+  Manifest files;  // read from state.json; for write_checkpoint_state, what the files' writers returned
 };
 
 // Saves into `dir`/step_NNNNNN and keeps the newest `keep` checkpoints (0 = all). Returns the folder written.
@@ -71,10 +78,14 @@ void for_each_saved_param(Gpt& model, const float* m, const float* v,
                           const std::function<void(const SavedParam&)>& take);
 // model<part>.safetensors and optimizer<part>.safetensors of those parameters, written a tensor at a time as
 // for_each_saved_param puts each together; by the TP rank that `write`s (every TP rank calls it, for the sums).
-void write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m, const float* v,
-                       const std::function<bool(const Gpt::Param&)>& include,
-                       const std::function<void(std::vector<float>&)>& tp_sum, bool write);
-// Writes state.json with the manifest of the folder's safetensors files as they are on disk.
+// Returns the files written (none unless `write`): each one's size and its tensors' CRC-32 over the bytes as they
+// went out of memory — so a file damaged on its way to the disk, or after, fails the load's check.
+Manifest write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m,
+                           const float* v, const std::function<bool(const Gpt::Param&)>& include,
+                           const std::function<void(std::vector<float>&)>& tp_sum, bool write);
+// Writes state.json with `state.files`, the manifest the writers returned, after checking the folder against it
+// without reading a tensor: Error(kIo) naming the file when one it lists is missing or of another size, or the
+// folder holds a safetensors file it does not list.
 void write_checkpoint_state(const std::string& folder, const CheckpointState& state);
 // Moves the folder into place, points `latest` at it and removes the oldest beyond the newest `keep` (0 = none),
 // never `protect` (the checkpoint a run resumed from).

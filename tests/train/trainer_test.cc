@@ -476,6 +476,90 @@ TEST(Checkpoint, ALoadVerifiesOnlyTheTensorsItTakes) {
   EXPECT_THAT(error_of([&] { verify_checkpoint(newest); }, ErrorCode::kIo), HasSubstr("does not match its checksum"));
 }
 
+// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) bit by bit, as its definition gives it: the reference the
+// manifest's checksums are held to.
+uint32_t crc32_by_hand(const uint8_t* p, size_t n) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    crc ^= p[i];
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+// The manifest holds what the writer wrote, computed from the bytes in memory, not what the disk gave back: each
+// file's size and each tensor's CRC-32 match the files (the checksum worked out bit by bit), and a bit flipped on
+// the disk between the writing and the state — which a manifest read back from the disk would bless — fails the
+// checkpoint's verification, naming the tensor.
+TEST(Checkpoint, TheManifestHoldsTheChecksumsOfWhatWasWritten) {
+  const GptConfig config{.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 12, .seq_len = 4};
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Gpt model(config, *dev, GptRange::whole(config), 1, 4);
+  model.init(3);
+  std::vector<float> m(static_cast<size_t>(model.num_params())), v(m.size());
+  for (size_t i = 0; i < m.size(); ++i) m[i] = 0.001f * static_cast<float>(i), v[i] = 1e-6f * static_cast<float>(i);
+  const std::string dir = testing_util::temp_dir("ckpt_manifest");
+  const std::string folder = begin_checkpoint(dir, 7);
+  const Manifest written = write_model_files(folder, "", model, m.data(), v.data(), nullptr, nullptr, true);
+  ASSERT_EQ(written.size(), 2u);
+  for (const auto& [name, file] : written) {
+    const std::string path = folder + "/" + name;
+    EXPECT_EQ(file.bytes, fs::file_size(path)) << name;
+    const SafetensorsFile on_disk(path);
+    ASSERT_EQ(file.crc32.size(), on_disk.entries().size()) << name;
+    for (const SafetensorsEntry& e : on_disk.entries()) {
+      size_t bytes = 4;
+      for (int64_t d : e.shape) bytes *= static_cast<size_t>(d);
+      ASSERT_EQ(file.crc32.count(e.name), 1u) << name << " " << e.name;
+      EXPECT_EQ(file.crc32.at(e.name), crc32_by_hand(static_cast<const uint8_t*>(e.data), bytes)) << e.name;
+    }
+  }
+  EXPECT_EQ(written.at("optimizer.safetensors").crc32.size(), 2 * model.params().size());
+  flip_tensor_bit(folder + "/model.safetensors", "h.0.attn.c_proj.weight");
+  write_checkpoint_state(folder, CheckpointState{.step = 7, .model = config, .files = written});
+  const std::string saved = commit_checkpoint(dir, 7, 0);
+  EXPECT_THAT(error_of([&] { verify_checkpoint(saved); }, ErrorCode::kIo),
+              HasSubstr("model.safetensors: tensor 'h.0.attn.c_proj.weight' does not match its checksum"));
+  fs::remove_all(dir);
+}
+
+// The state is written only over the files its writers listed, as they listed them: a listed file missing or of
+// another size, or a safetensors file nobody listed, is an error naming the file — and no state.json is written, so
+// the folder never becomes a checkpoint.
+TEST(Checkpoint, TheStateRefusesAFolderThatDiffersFromItsManifest) {
+  const GptConfig config{.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 12, .seq_len = 4};
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  Gpt model(config, *dev, GptRange::whole(config), 1, 4);
+  model.init(3);
+  const std::vector<float> zeros(static_cast<size_t>(model.num_params()), 0.0f);
+  const std::string dir = testing_util::temp_dir("ckpt_manifest_folder");
+  const std::string folder = begin_checkpoint(dir, 1);
+  const Manifest written = write_model_files(folder, "", model, zeros.data(), zeros.data(), nullptr, nullptr, true);
+  const CheckpointState state{.step = 1, .model = config, .files = written};
+  const std::string optimizer = folder + "/optimizer.safetensors";
+  const uintmax_t bytes = fs::file_size(optimizer);
+  fs::resize_file(optimizer, bytes - 4);
+  EXPECT_THAT(error_of([&] { write_checkpoint_state(folder, state); }, ErrorCode::kIo),
+              HasSubstr("optimizer.safetensors holds " + std::to_string(bytes - 4) + " bytes, its writer wrote " +
+                        std::to_string(bytes)));
+  fs::remove(optimizer);
+  EXPECT_THAT(error_of([&] { write_checkpoint_state(folder, state); }, ErrorCode::kIo),
+              HasSubstr("optimizer.safetensors was not written (its writer listed it)"));
+  Manifest model_only = written;
+  model_only.erase("optimizer.safetensors");
+  fs::copy_file(folder + "/model.safetensors", folder + "/model.stage9.safetensors");
+  EXPECT_THAT(error_of([&] { write_checkpoint_state(folder, CheckpointState{.step = 1, .files = model_only}); },
+                       ErrorCode::kIo),
+              HasSubstr("model.stage9.safetensors is in the folder but no writer listed it"));
+  EXPECT_FALSE(fs::exists(folder + "/state.json"));
+  fs::remove(folder + "/model.stage9.safetensors");
+  write_checkpoint_state(folder, CheckpointState{.step = 1, .model = config, .files = model_only});
+  EXPECT_EQ(read_checkpoint_state(folder).files.size(), 1u);
+  EXPECT_THAT(error_of([] { parse_manifest("[1, 2]", "rank 3's checkpoint files"); }, ErrorCode::kIo),
+              HasSubstr("rank 3's checkpoint files"));
+  fs::remove_all(dir);
+}
+
 // A token shard truncated in place while training (it used to kill the run with SIGBUS through the mapping, with
 // no checkpoint) stops the run with an error naming the shard, after a checkpoint of the steps done.
 TEST(Trainer, AShardTruncatedWhileTrainingIsAnErrorAfterACheckpoint) {
