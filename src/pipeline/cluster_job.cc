@@ -159,8 +159,9 @@ HostBytes local_ranks_host_bytes(const Plan& plan, const Cluster& cluster, bool 
     for (const ReplicaGroup& g : stage.replica_groups()) {
       const std::string& backend = cluster.chips[static_cast<size_t>(cluster.chip_index(g.chip))].backend;
       for (int end = replica + g.replicas; replica < end; ++replica) {
-        const HostBytes rank = rank_host_bytes(backend, g.memory_bytes, checkpoint_host_bytes(plan, k, replica, zero1));
-        for (int t = 0; t < stage.tp; ++t) need += rank;
+        for (int t = 0; t < stage.tp; ++t) {
+          need += rank_host_bytes(backend, g.memory_bytes, checkpoint_host_bytes(plan, k, replica, t, zero1));
+        }
       }
     }
   }

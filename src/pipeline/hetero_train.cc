@@ -362,19 +362,32 @@ void RankTraining::save(int64_t done) {
   if (rank_ == 0) begin_checkpoint(checkpoint_dir_, done);
   world_.barrier();
   const std::string folder = (fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string();
+  // The TP group's shards reach its writer point to point, the k-th message between two ranks under tag k.
+  std::vector<uint32_t> sent_to(static_cast<size_t>(comms_.tp.size()));  // messages to each rank so far
+  const auto tag = [](uint32_t& count) { return 1 + count++ % (Communicator::kMaxUserTag - 1); };
+  const ShardGather gather{.send =
+                               [&](const float* shard, size_t count) {
+                                 std::unique_ptr<Request> r =
+                                     comms_.tp.isend(shard, count * sizeof(float), 0, tag(sent_to[0]));
+                                 comms_.tp.wait_request(*r, "checkpoint shard to the stage's writer", 0);
+                               },
+                           .receive =
+                               [&](int from, float* shard, size_t count) {
+                                 std::unique_ptr<Request> r = comms_.tp.irecv(shard, count * sizeof(float), from,
+                                                                              tag(sent_to[static_cast<size_t>(from)]));
+                                 comms_.tp.wait_request(*r, "checkpoint shard from a TP rank", from);
+                               }};
   Manifest written;
   for (StageRunner* chunk : chunks_) {
     std::vector<float> mom, vel;
     chunk->optimizer_state(mom, vel);
     if (place_.replica != 0) continue;
-    // The last stage's copy of the tied embedding is the first stage's: written once. TP ranks put their shards
-    // together; the first of them writes, a file per virtual stage.
+    // The last stage's copy of the tied embedding is the first stage's: written once. The first TP rank puts the
+    // shards together and writes, a file per virtual stage.
     const int vs = chunk->virtual_stage();
     written.merge(write_model_files(
         folder, cat(".stage", vs), chunk->model(), mom.data(), vel.data(),
-        [&](const Gpt::Param& p) { return !(vs > 0 && p.name == "wte.weight"); },
-        [&](std::vector<float>& x) { comms_.tp.all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum); },
-        place_.t == 0));
+        [&](const Gpt::Param& p) { return !(vs > 0 && p.name == "wte.weight"); }, gather));
   }
   const Manifest manifest = gather_manifest(world_, written);
   if (rank_ == 0) {
@@ -441,7 +454,7 @@ nlohmann::json RankTraining::memory_report() const {
         {"peak_bytes", peaks_[static_cast<size_t>(r)]},
         {"host_peak_bytes", host_peaks_[static_cast<size_t>(r)]},
         {"host_counted_bytes", rank_host_bytes(backends_[static_cast<size_t>(r)], group.memory_bytes,
-                                               checkpoint_host_bytes(plan_, p.stage, p.replica, run_.zero1))
+                                               checkpoint_host_bytes(plan_, p.stage, p.replica, p.t, run_.zero1))
                                    .total()}};
     if (backends_[static_cast<size_t>(r)] == "emu") entry["emulation_drift"] = drifts_[static_cast<size_t>(r)];
     if (static_cast<size_t>(r) < allocated_.size()) {
@@ -657,7 +670,7 @@ HostBytes rank_host_bytes(const std::string& backend, double device_bytes, doubl
           .checkpoints = checkpoint_bytes};
 }
 
-double checkpoint_host_bytes(const Plan& plan, int stage, int replica, bool zero1) {
+double checkpoint_host_bytes(const Plan& plan, int stage, int replica, int t, bool zero1) {
   const StagePlan& s = plan.stages[static_cast<size_t>(stage)];
   const TransformerShape& shape = plan.shape;
   constexpr double kF32 = 4;
@@ -670,9 +683,12 @@ double checkpoint_host_bytes(const Plan& plan, int stage, int replica, bool zero
                                                          .tp = s.tp}));
   double bytes = 2 * kF32 * (shard + (zero1 ? std::ceil(shard / s.dp) : 0.0));
   if (replica != 0) return bytes;
-  // The tensor being written: its shard, its value and moments whole, and a block's matrices' value transposed too.
+  // The tensor being written. Every TP rank copies its shard out; the writer (TP rank 0) also holds the value and
+  // moments whole, a block's matrices' value transposed besides, and another rank's shard as it arrives.
   const auto writing = [&](double elements, bool transposed) {
-    return kF32 * ((transposed ? 4 : 3) * elements + std::ceil(elements / s.tp));
+    const double own = std::ceil(elements / s.tp);
+    if (t != 0) return kF32 * own;
+    return kF32 * ((transposed ? 4 : 3) * elements + own + (s.tp > 1 ? own : 0.0));
   };
   const double C = static_cast<double>(shape.hidden), table = static_cast<double>(shape.vocab) * C;
   double largest = 0;

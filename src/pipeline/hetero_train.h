@@ -94,14 +94,15 @@ struct HostBytes {
 };
 HostBytes rank_host_bytes(const std::string& backend, double device_bytes, double checkpoint_bytes);
 
-// The host buffers of a checkpoint at its peak on a rank of `stage`'s replica `replica` (RankTraining::save): every
-// rank copies its Adam moments out (two f32 per parameter of its shard; with `zero1`, gathered over the replicas
-// beside its own share), and the ranks of a stage's first replica put its tensors together one at a time
-// (checkpoint.h's write_model_files; every TP rank holds each whole for the sum that joins the shards): the largest
-// tensor the stage writes — its shard, its value and both moments whole in f32, and a block's matrix transposed
-// to Hugging Face's layout besides. Measured: the built-in example's first-stage ranks took 426 MiB besides their
-// devices, 2026-12-07, where 256 MiB had been counted without it (the whole stage was put together then).
-double checkpoint_host_bytes(const Plan& plan, int stage, int replica, bool zero1);
+// The host buffers of a checkpoint at its peak on TP rank `t` of `stage`'s replica `replica` (RankTraining::save):
+// every rank copies its Adam moments out (two f32 per parameter of its shard; with `zero1`, gathered over the
+// replicas beside its own share), and the ranks of a stage's first replica send the shards of its tensors, one at a
+// time, to their TP rank 0, which puts each together and writes it (checkpoint.h's write_model_files): for the
+// largest tensor the stage writes, each rank's shard, and on the writer its value and both moments whole in f32, a
+// block's matrix transposed to Hugging Face's layout besides, and the shard it is receiving. Measured: the built-in
+// example's first-stage ranks took 426 MiB besides their devices, 2026-12-07, where 256 MiB had been counted
+// without it (the whole stage was put together then, on every TP rank).
+double checkpoint_host_bytes(const Plan& plan, int stage, int replica, int t, bool zero1);
 
 struct RankHostMemory {
   double peak = 0;     // measured: the rank's peak resident memory

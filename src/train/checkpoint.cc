@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -191,37 +192,60 @@ std::string begin_checkpoint(const std::string& dir, int64_t step) {
 }
 
 void for_each_saved_param(Gpt& model, const float* m, const float* v,
-                          const std::function<bool(const Gpt::Param&)>& include,
-                          const std::function<void(std::vector<float>&)>& tp_sum,
+                          const std::function<bool(const Gpt::Param&)>& include, const ShardGather& gather,
                           const std::function<void(const SavedParam&)>& take) {
   const TensorParallel& tp = model.tp();
-  H2_CHECK(tp.size == 1 || tp_sum) << "a tensor-parallel model's checkpoint needs the TP group's sum";
+  const bool writer = tp.rank == 0;
+  H2_CHECK(tp.size == 1 || (writer ? bool(gather.receive) : bool(gather.send)))
+      << "a tensor-parallel model's checkpoint needs its shards gathered";
   int64_t offset = 0;
   for (const Gpt::Param& p : model.params()) {
     const int64_t n = p.value.numel();
-    if (include && !include(p)) {
+    const bool split = tp.size > 1 && p.split != TpSplit::kNone;
+    if ((include && !include(p)) || (!writer && !split)) {  // a replicated tensor: the writer's own copy is whole
       offset += n;
       continue;
     }
-    // Each TP rank puts its shard in place over zeros; the sum over the ranks is the whole tensor, exactly.
-    const Shape& s = p.full_shape;
     const std::vector<float> local = to_host(p.value);
+    const std::array<const float*, 3> mine{local.data(), m + offset, v + offset};
+    offset += n;
+    if (!writer) {
+      for (const float* x : mine) {
+        if (n > 0) gather.send(x, static_cast<size_t>(n));  // a vocabulary shard may be empty
+      }
+      continue;
+    }
+    // Each rank's runs of its shard put in place: the writer's, then each other rank's as it arrives.
+    const Shape& s = p.full_shape;
     SavedParam saved{p.name, hf_dims(p), dims(s), {}, {}, {}};
-    for (auto [from, to] : {std::pair{local.data(), &saved.value}, {m + offset, &saved.m}, {v + offset, &saved.v}}) {
-      to->assign(static_cast<size_t>(s.numel()), 0.0f);
-      tp_runs(p.split, s, tp.rank, tp.size,
-              [&](int64_t full, int64_t mine, int64_t count) { std::copy_n(from + mine, count, to->data() + full); });
-      if (tp.size > 1 && p.split != TpSplit::kNone) tp_sum(*to);
+    const std::array<std::vector<float>*, 3> whole{&saved.value, &saved.m, &saved.v};
+    std::vector<float> received;
+    for (size_t k = 0; k < whole.size(); ++k) {
+      std::vector<float>& to = *whole[k];
+      to.resize(static_cast<size_t>(s.numel()));
+      const auto place = [&](int rank, const float* from) {
+        tp_runs(p.split, s, rank, tp.size,
+                [&](int64_t full, int64_t at, int64_t count) { std::copy_n(from + at, count, to.data() + full); });
+      };
+      place(tp.rank, mine[k]);
+      for (int r = 1; split && r < tp.size; ++r) {
+        int64_t count = 0;
+        tp_runs(p.split, s, r, tp.size, [&](int64_t, int64_t, int64_t c) { count += c; });
+        if (count == 0) continue;
+        received.resize(static_cast<size_t>(count));
+        gather.receive(r, received.data(), received.size());
+        place(r, received.data());
+      }
     }
     if (p.hf_transposed) saved.value = transposed(saved.value, s[0], s[1]);
     take(saved);
-    offset += n;
   }
 }
 
 Manifest write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m,
                            const float* v, const std::function<bool(const Gpt::Param&)>& include,
-                           const std::function<void(std::vector<float>&)>& tp_sum, bool write) {
+                           const ShardGather& gather) {
+  const bool write = model.tp().rank == 0;
   // The headers first, from the shapes alone: the tensors follow one at a time.
   std::vector<SafetensorsEntry> values, moments;
   for (const Gpt::Param& p : model.params()) {
@@ -238,8 +262,7 @@ Manifest write_model_files(const std::string& folder, const std::string& part, G
     moment_file.emplace((fs::path(folder) / moment_name).string(), moments);
   }
   Manifest written;
-  for_each_saved_param(model, m, v, include, tp_sum, [&](const SavedParam& p) {
-    if (!write) return;
+  for_each_saved_param(model, m, v, include, gather, [&](const SavedParam& p) {
     // The checksums of the bytes as they leave memory: what the file should hold, whatever reaches the disk.
     auto out = [&](SafetensorsWriter& file, const std::string& file_name, const std::string& tensor,
                    const std::vector<float>& x) {
@@ -320,7 +343,7 @@ std::string save_checkpoint(const std::string& dir, Gpt& model, const OptimizerS
   const std::string folder = begin_checkpoint(dir, state.step);
   const std::vector<float> m = to_host(optimizer.m), v = to_host(optimizer.v);
   CheckpointState written = state;
-  written.files = write_model_files(folder, "", model, m.data(), v.data(), nullptr, nullptr, true);
+  written.files = write_model_files(folder, "", model, m.data(), v.data(), nullptr, {});
   write_checkpoint_state(folder, written);
   return commit_checkpoint(dir, state.step, keep, protect);
 }

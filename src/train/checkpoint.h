@@ -68,21 +68,27 @@ struct SavedParam {
   std::vector<int64_t> hf_shape, shape;
   std::vector<float> value, m, v;
 };
-// Each parameter `include` accepts (all when null), in the model's order, given to `take` and then let go: one
-// whole tensor at a time in the host's memory. m and v are laid out like the model's flat parameters. With tensor
-// parallelism `tp_sum` sums a host vector in place over the model's TP ranks (a collective: every TP rank calls
-// this with the same `include`), which puts the shards together.
+// How a tensor-parallel group's shards of a parameter reach its writer, the group's rank 0, point to point: a rank
+// that does not write `send`s each of its shards of a split parameter (its value, then its two moments' slices); the
+// writer `receive`s rank `from`'s into `count` floats, in the same order. Only the writer holds a whole tensor.
+struct ShardGather {
+  std::function<void(const float* shard, size_t count)> send;
+  std::function<void(int from, float* shard, size_t count)> receive;
+};
+// Each parameter `include` accepts (all when null), in the model's order, put together whole on the model's TP rank 0
+// and given to its `take`, then let go: one whole tensor at a time in the host's memory. m and v are laid out like the
+// model's flat parameters. Every TP rank calls this with the same `include`: the others send their shards through
+// `gather` and take nothing (a group of one needs no `gather`).
 void for_each_saved_param(Gpt& model, const float* m, const float* v,
-                          const std::function<bool(const Gpt::Param&)>& include,
-                          const std::function<void(std::vector<float>&)>& tp_sum,
+                          const std::function<bool(const Gpt::Param&)>& include, const ShardGather& gather,
                           const std::function<void(const SavedParam&)>& take);
 // model<part>.safetensors and optimizer<part>.safetensors of those parameters, written a tensor at a time as
-// for_each_saved_param puts each together; by the TP rank that `write`s (every TP rank calls it, for the sums).
-// Returns the files written (none unless `write`): each one's size and its tensors' CRC-32 over the bytes as they
-// went out of memory — so a file damaged on its way to the disk, or after, fails the load's check.
+// for_each_saved_param puts each together, by the model's TP rank 0 (every TP rank calls it: the others send their
+// shards). Returns the files written (none on the other TP ranks): each one's size and its tensors' CRC-32 over the
+// bytes as they went out of memory — so a file damaged on its way to the disk, or after, fails the load's check.
 Manifest write_model_files(const std::string& folder, const std::string& part, Gpt& model, const float* m,
                            const float* v, const std::function<bool(const Gpt::Param&)>& include,
-                           const std::function<void(std::vector<float>&)>& tp_sum, bool write);
+                           const ShardGather& gather);
 // Writes state.json with `state.files`, the manifest the writers returned, after checking the folder against it
 // without reading a tensor: Error(kIo) naming the file when one it lists is missing or of another size, or the
 // folder holds a safetensors file it does not list.

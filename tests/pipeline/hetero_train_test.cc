@@ -141,12 +141,12 @@ TEST(ClusterJobHostMemory, RanksNeedTheirProcessesAndTheirHostMemoryDevices) {
 
 // A checkpoint's host buffers on each rank (RankTraining::save): its Adam moments copied out (two f32 per parameter of
 // its shard, and under ZeRO-1 its share beside them), and on the first replica's ranks the largest tensor the stage
-// writes, put together whole: its shard, its value and two moments whole, and a block matrix's transposed value
-// besides (4 bytes each). Counted by hand for a GPT of width C = 8, a 32-wide MLP, 10 tokens, 4 positions:
-// parameters of a block 12 C^2 + 13 C = 872, its TP-2 shard 48 + 824 / 2 = 460 (LayerNorms and the row-parallel
-// biases whole); the embedding 10 x 8 + 4 x 8 = 112, on the TP rank with the most vocabulary rows 5 x 8 + 32 = 72;
-// the head's LayerNorm 16, beside its copy of the tied table (80). The largest block matrix 8 x 32 = 256, the table
-// 80 (not transposed).
+// writes: every TP rank's shard of it, and on the writer (TP rank 0) its value and two moments whole, a block
+// matrix's transposed value and the other rank's shard as it arrives besides (4 bytes each). Counted by hand for a GPT
+// of width C = 8, a 32-wide MLP, 10 tokens, 4 positions: parameters of a block 12 C^2 + 13 C = 872, its TP-2 shard
+// 48 + 824 / 2 = 460 (LayerNorms and the row-parallel biases whole); the embedding 10 x 8 + 4 x 8 = 112, on the TP
+// rank with the most vocabulary rows 5 x 8 + 32 = 72; the head's LayerNorm 16, beside its copy of the tied table
+// (80). The largest block matrix 8 x 32 = 256 (a TP-2 shard of 128), the table 80 (not transposed; shards of 40).
 TEST(ClusterJobHostMemory, CheckpointsTakeTheMomentsAndTheLargestTensorWrittenWhole) {
   Plan plan;
   plan.shape = {.layers = 2, .hidden = 8, .heads = 2, .kv_heads = 2, .ffn = 32, .vocab = 10, .seq_len = 4};
@@ -154,16 +154,18 @@ TEST(ClusterJobHostMemory, CheckpointsTakeTheMomentsAndTheLargestTensorWrittenWh
   plan.stages[0] = StagePlan{.chip = "a", .tp = 2, .dp = 2, .layers = 1, .embedding = true};
   plan.stages[1] = StagePlan{.chip = "a", .tp = 1, .dp = 1, .first_layer = 1, .layers = 1};
   plan.stages[1].head = true;
-  // Stage 0, a shard of 72 + 460 = 532: the block matrix (4 x 256 + 128) outweighs the table (3 x 80 + 40).
-  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 0, false), 2 * 4 * 532 + 4 * (4 * 256 + 128));
-  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 1, false), 2 * 4 * 532);
-  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 1, true), 2 * 4 * (532 + 266));  // ZeRO-1: half of the moments its own
-  // Stage 1 holds 872 + 16 + 80 and writes no table (the first stage writes the tied one).
-  EXPECT_EQ(checkpoint_host_bytes(plan, 1, 0, false), 2 * 4 * 968 + 4 * (4 * 256 + 256));
+  // Stage 0, a shard of 72 + 460 = 532: the block matrix (4 x 256 + 128 + 128) outweighs the table (3 x 80 + 40 + 40)
+  // on the writer; its other TP rank holds only its shard of it (128 against the table's 40).
+  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 0, 0, false), 2 * 4 * 532 + 4 * (4 * 256 + 128 + 128));
+  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 0, 1, false), 2 * 4 * 532 + 4 * 128);
+  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 1, 0, false), 2 * 4 * 532);
+  EXPECT_EQ(checkpoint_host_bytes(plan, 0, 1, 1, true), 2 * 4 * (532 + 266));  // ZeRO-1: half of the moments its own
+  // Stage 1 (TP 1: nothing to receive) holds 872 + 16 + 80 and writes no table (the first stage writes the tied one).
+  EXPECT_EQ(checkpoint_host_bytes(plan, 1, 0, 0, false), 2 * 4 * 968 + 4 * (4 * 256 + 256));
   // Untied, with 1,000 tokens: its own output matrix of 8,000, written by it and the largest (3 x 8,000 + 8,000).
   plan.shape.tied_embeddings = false;
   plan.shape.vocab = 1000;
-  EXPECT_EQ(checkpoint_host_bytes(plan, 1, 0, false), 2 * 4 * (872 + 16 + 8000) + 4 * (3 * 8000 + 8000));
+  EXPECT_EQ(checkpoint_host_bytes(plan, 1, 0, 0, false), 2 * 4 * (872 + 16 + 8000) + 4 * (3 * 8000 + 8000));
 }
 
 // After a run, the ranks' measured peak resident memory beside what was counted for them: together, and the rank

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -277,48 +278,71 @@ TEST(Checkpoint, SaveLoadRoundTripInHuggingFaceLayout) {
   EXPECT_EQ(read_checkpoint_state(ckpt).step, 2);
 }
 
-// Tensor-parallel shards hold their part of the whole model: initialised alike, put together into the whole
-// tensors for a checkpoint, and sliced back out of one (the reference: the whole model, unsplit).
+// Tensor-parallel shards hold their part of the whole model: initialised alike, sent to TP rank 0, which puts the
+// whole tensors and moments together for a checkpoint (the others take nothing), and sliced back out of one (the
+// reference: the whole model, unsplit).
 // A vocabulary of 30 over TP 4: the vocabulary-parallel table's shards hold 7, 8, 7 and 8 rows.
 TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
   const GptConfig config{.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 30, .seq_len = 8};
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   Gpt whole(config, *dev, GptRange::whole(config), 1, 4);
   whole.init(3);
-  const auto no_sum = [](std::vector<float>&) {};  // a group of one here: the test adds the shards itself
-  const auto all_values = [&](Gpt& m) {
-    std::vector<float> zeros(static_cast<size_t>(m.num_params()), 0.0f);
-    std::vector<SavedParam> out;
-    for_each_saved_param(m, zeros.data(), zeros.data(), nullptr, no_sum,
-                         [&](const SavedParam& p) { out.push_back(p); });
+  // Each model's moments are its own values, flat in its order, times 1 (m) and 2 (v): the whole model's saved moments
+  // are then its values in H2's layout, and the shards' moments are put together under the same check.
+  const auto flat = [](Gpt& m, float times) {
+    std::vector<float> out;
+    for (const Gpt::Param& p : m.params()) {
+      std::vector<float> x(static_cast<size_t>(p.value.numel()));
+      copy_to_host(x.data(), p.value);
+      for (float e : x) out.push_back(times * e);
+    }
     return out;
   };
-  const std::vector<SavedParam> want = all_values(whole);
-  std::vector<SavedParam> sum;
+  std::vector<SavedParam> want;
+  const std::vector<float> whole_m = flat(whole, 1), whole_v = flat(whole, 2);
+  for_each_saved_param(whole, whole_m.data(), whole_v.data(), nullptr, {},
+                       [&](const SavedParam& p) { want.push_back(p); });
+  // Ranks 1-3 send their shards (kept here in order, one queue a rank) and take nothing; rank 0 receives them.
+  std::vector<std::unique_ptr<Gpt>> shards;
+  std::vector<std::deque<std::vector<float>>> sent(4);
   for (int t = 0; t < 4; ++t) {
-    Gpt shard(config, *dev, GptRange::whole(config), 1, 4,
-              TensorParallel{t, 4, [](const Tensor&) {}, [](const Tensor&) {}});
-    shard.init(3);
-    EXPECT_LT(shard.num_params(), whole.num_params());
-    std::vector<SavedParam> part = all_values(shard);
-    if (sum.empty()) {
-      sum = part;
-      continue;
-    }
-    for (size_t i = 0; i < part.size(); ++i) {
-      // Replicated tensors are whole on every rank; only split ones add up.
-      if (part[i].value.size() != sum[i].value.size()) FAIL() << part[i].name;
-      bool split = false;
-      for (const Gpt::Param& p : shard.params()) split |= p.name == part[i].name && p.split != TpSplit::kNone;
-      if (!split) continue;
-      for (size_t k = 0; k < part[i].value.size(); ++k) sum[i].value[k] += part[i].value[k];
-    }
+    shards.push_back(std::make_unique<Gpt>(config, *dev, GptRange::whole(config), 1, 4,
+                                           TensorParallel{t, 4, [](const Tensor&) {}, [](const Tensor&) {}}));
+    shards.back()->init(3);
+    EXPECT_LT(shards.back()->num_params(), whole.num_params());
   }
-  ASSERT_EQ(sum.size(), want.size());
+  for (int t = 1; t < 4; ++t) {
+    const std::vector<float> m = flat(*shards[static_cast<size_t>(t)], 1), v = flat(*shards[static_cast<size_t>(t)], 2);
+    for_each_saved_param(
+        *shards[static_cast<size_t>(t)], m.data(), v.data(), nullptr,
+        {.send = [&](const float* x, size_t n) { sent[static_cast<size_t>(t)].emplace_back(x, x + n); }},
+        [&](const SavedParam& p) { ADD_FAILURE() << "TP rank " << t << " took " << p.name; });
+  }
+  std::vector<SavedParam> got;
+  const std::vector<float> first_m = flat(*shards[0], 1), first_v = flat(*shards[0], 2);
+  for_each_saved_param(*shards[0], first_m.data(), first_v.data(), nullptr,
+                       {.receive =
+                            [&](int from, float* x, size_t n) {
+                              std::deque<std::vector<float>>& q = sent[static_cast<size_t>(from)];
+                              ASSERT_FALSE(q.empty()) << "rank " << from << " sent no more";
+                              ASSERT_EQ(q.front().size(), n) << "rank " << from;
+                              std::copy(q.front().begin(), q.front().end(), x);
+                              q.pop_front();
+                            }},
+                       [&](const SavedParam& p) { got.push_back(p); });
+  for (const auto& q : sent) EXPECT_TRUE(q.empty()) << q.size() << " shards sent and not received";
+  ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(sum[i].name, want[i].name);
-    EXPECT_EQ(sum[i].hf_shape, want[i].hf_shape) << want[i].name;
-    EXPECT_EQ(sum[i].value, want[i].value) << want[i].name;
+    EXPECT_EQ(got[i].name, want[i].name);
+    EXPECT_EQ(got[i].hf_shape, want[i].hf_shape) << want[i].name;
+    EXPECT_EQ(got[i].value, want[i].value) << want[i].name;
+    // The moments against the whole model's values themselves (H2's layout), not through the code under test.
+    const Tensor& value = whole.params()[i].value;
+    std::vector<float> m(static_cast<size_t>(value.numel())), v;
+    copy_to_host(m.data(), value);
+    for (float e : m) v.push_back(2 * e);
+    EXPECT_EQ(got[i].m, m) << want[i].name;
+    EXPECT_EQ(got[i].v, v) << want[i].name;
   }
   // Loading the whole model's checkpoint into shard 2 gives shard 2's initial values.
   const std::string dir = (fs::temp_directory_path() / cat("h2_tp_ckpt_", getpid())).string();
@@ -344,7 +368,7 @@ TEST(Checkpoint, TensorParallelShardsSaveAndLoadAsTheWholeModel) {
 }
 
 // A checkpoint's files are written a tensor at a time, so that a rank holds one whole tensor in the host's memory and
-// not its whole stage (which for a stage of a 100B model is tens of GB): when the TP group sums the last tensor, the
+// not its whole stage (which for a stage of a 100B model is tens of GB): when the writer receives the last shard, the
 // ones before it are in the files already — and the files hold the whole model.
 TEST(Checkpoint, FilesAreWrittenATensorAtATime) {
   const GptConfig config{.n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 30, .seq_len = 8};
@@ -354,13 +378,14 @@ TEST(Checkpoint, FilesAreWrittenATensorAtATime) {
   shard.init(1);
   const std::string folder = testing_util::temp_dir("ckpt_stream");
   const std::vector<float> zeros(static_cast<size_t>(shard.num_params()), 0.0f);
-  std::vector<uintmax_t> on_disk;  // the folder's bytes at each sum
-  const auto sum = [&](std::vector<float>&) {
+  std::vector<uintmax_t> on_disk;  // the folder's bytes at each shard received from the other TP rank
+  const auto receive = [&](int, float* x, size_t n) {
     uintmax_t bytes = 0;
     for (const auto& e : fs::directory_iterator(folder)) bytes += e.file_size();
     on_disk.push_back(bytes);
+    std::fill_n(x, n, 0.0f);
   };
-  write_model_files(folder, "", shard, zeros.data(), zeros.data(), nullptr, sum, true);
+  write_model_files(folder, "", shard, zeros.data(), zeros.data(), nullptr, {.receive = receive});
   ASSERT_GT(on_disk.size(), 3u);
   EXPECT_GT(on_disk.back(), on_disk.front() + 4 * 16 * 16);  // at least a 16 x 16 tensor's value and moments
   const SafetensorsFile model(folder + "/model.safetensors");
@@ -500,7 +525,7 @@ TEST(Checkpoint, TheManifestHoldsTheChecksumsOfWhatWasWritten) {
   for (size_t i = 0; i < m.size(); ++i) m[i] = 0.001f * static_cast<float>(i), v[i] = 1e-6f * static_cast<float>(i);
   const std::string dir = testing_util::temp_dir("ckpt_manifest");
   const std::string folder = begin_checkpoint(dir, 7);
-  const Manifest written = write_model_files(folder, "", model, m.data(), v.data(), nullptr, nullptr, true);
+  const Manifest written = write_model_files(folder, "", model, m.data(), v.data(), nullptr, {});
   ASSERT_EQ(written.size(), 2u);
   for (const auto& [name, file] : written) {
     const std::string path = folder + "/" + name;
@@ -534,7 +559,7 @@ TEST(Checkpoint, TheStateRefusesAFolderThatDiffersFromItsManifest) {
   const std::vector<float> zeros(static_cast<size_t>(model.num_params()), 0.0f);
   const std::string dir = testing_util::temp_dir("ckpt_manifest_folder");
   const std::string folder = begin_checkpoint(dir, 1);
-  const Manifest written = write_model_files(folder, "", model, zeros.data(), zeros.data(), nullptr, nullptr, true);
+  const Manifest written = write_model_files(folder, "", model, zeros.data(), zeros.data(), nullptr, {});
   const CheckpointState state{.step = 1, .model = config, .files = written};
   const std::string optimizer = folder + "/optimizer.safetensors";
   const uintmax_t bytes = fs::file_size(optimizer);
