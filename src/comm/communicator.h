@@ -11,11 +11,13 @@
 // (threads) and comm/transport/ucx (processes, hosts); comm/job.h joins a job.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/transport/transport.h"
@@ -38,6 +40,10 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(members_.size()); }
   const CommOptions& options() const { return options_; }
+  // Sets the timeout of every blocking wait from now on and returns the one before (WaitLonger sets it for a scope).
+  std::chrono::milliseconds set_timeout(std::chrono::milliseconds timeout) {
+    return std::exchange(options_.timeout, timeout);
+  }
 
   // Collective over this group: ranks with the same colour form a sub-group, ordered by key then rank.
   Communicator split(int color, int key);
@@ -114,6 +120,21 @@ class Communicator {
   std::vector<float> scratch_[2];
   int64_t buffer_growths_ = 0;
   std::unique_ptr<Communicator> local_, cross_;  // set by set_hosts when hierarchical all-reduce applies
+};
+
+// While it lives, `comm`'s waits time out after `timeout` (at least the communicator's own): for waits known to be
+// long, such as ranks waiting while others write or read a checkpoint.
+class WaitLonger {
+ public:
+  WaitLonger(Communicator& comm, std::chrono::milliseconds timeout)
+      : comm_(comm), before_(comm.set_timeout(std::max(timeout, comm.options().timeout))) {}
+  ~WaitLonger() { comm_.set_timeout(before_); }
+  WaitLonger(const WaitLonger&) = delete;
+  WaitLonger& operator=(const WaitLonger&) = delete;
+
+ private:
+  Communicator& comm_;
+  std::chrono::milliseconds before_;
 };
 
 }  // namespace h2

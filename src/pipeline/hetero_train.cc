@@ -326,6 +326,7 @@ void RankTraining::restore() {
   // Rank 0 verifies the checkpoints whole, newest first, and tells the others the step it resumes from (-1: none
   // verifies): every rank reading the whole checkpoint would read it once a rank, and ranks reading only their own
   // stage's tensors could disagree on which checkpoint is intact.
+  const WaitLonger wait(world_, checkpoint_timeout(plan_, world_.options().timeout));
   std::string latest;
   double step = -1;
   if (rank_ == 0) {
@@ -355,10 +356,13 @@ void RankTraining::restore() {
   }
   first_step_ = state.step;
   if (loader_) loader_->seek(state.data);
+  world_.barrier();  // every rank loaded, within the checkpoint's wait
   if (rank_ == 0 && !quiet_) std::printf("resumed from %s at step %lld\n", latest.c_str(), (long long)first_step_);
 }
 
 void RankTraining::save(int64_t done) {
+  const std::chrono::milliseconds timeout = checkpoint_timeout(plan_, world_.options().timeout);
+  const WaitLonger world_wait(world_, timeout), tp_wait(comms_.tp, timeout);
   if (rank_ == 0) begin_checkpoint(checkpoint_dir_, done);
   world_.barrier();
   const std::string folder = (fs::path(checkpoint_dir_) / (checkpoint_name(done) + ".tmp")).string();
@@ -698,6 +702,21 @@ double checkpoint_host_bytes(const Plan& plan, int stage, int replica, int t, bo
     largest = std::max(largest, writing(C * std::max(qkv, static_cast<double>(shape.ffn)), true));
   }
   return bytes + largest;
+}
+
+std::chrono::milliseconds checkpoint_timeout(const Plan& plan, std::chrono::milliseconds base) {
+  double params = 0;
+  for (const StagePlan& s : plan.stages) {
+    params += static_cast<double>(stage_params({.shape = plan.shape,
+                                                .embedding = s.embedding,
+                                                .head = s.head,
+                                                .layers = s.layers,
+                                                .starts_at_mlp = s.starts_at_mlp,
+                                                .ends_at_attention = s.ends_at_attention,
+                                                .tp = 1}));
+  }
+  const double seconds = 3 * 4 * params / kCheckpointFloorBytesPerSecond;
+  return base + std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
 }
 
 std::string host_memory_line(const std::vector<RankHostMemory>& ranks, bool resumed) {

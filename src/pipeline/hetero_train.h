@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,14 @@ HostBytes rank_host_bytes(const std::string& backend, double device_bytes, doubl
 // example's first-stage ranks took 426 MiB besides their devices, 2026-12-07, where 256 MiB had been counted
 // without it (the whole stage was put together then, on every TP rank).
 double checkpoint_host_bytes(const Plan& plan, int stage, int replica, int t, bool zero1);
+
+// How long ranks wait on each other around a checkpoint (RankTraining::save and restore): `base`, the communicator's
+// timeout, plus the time to move the whole checkpoint — every stage's parameters whole, their value and both Adam
+// moments in f32 — at kCheckpointFloorBytesPerSecond, the slowest storage a run is expected to write to or read from:
+// a save waits for its slowest writer, a resume for rank 0's verification of all of it and each rank's load. (With the
+// communicator's 30 s alone, a stage of a 100B model, over 100 GB to write, made the other ranks give up.)
+inline constexpr double kCheckpointFloorBytesPerSecond = 50e6;
+std::chrono::milliseconds checkpoint_timeout(const Plan& plan, std::chrono::milliseconds base);
 
 struct RankHostMemory {
   double peak = 0;     // measured: the rank's peak resident memory

@@ -1,6 +1,8 @@
 // DiComm over the in-process transport: every collective, world sizes 1-8, element counts 0, 1, odd and large,
 // against exact expected values (small integers, exactly representable in f32 and bf16), plus sub-groups,
 // timeouts that name the peer, and algorithm choice by size.
+#include <chrono>
+#include <thread>
 #include <tuple>
 
 #include "comm/collective_checks.h"
@@ -189,6 +191,32 @@ TEST(Collectives, AMissingRankTimesOutNamingIt) {
   EXPECT_THAT(errors[0] + errors[1], HasSubstr("waiting for rank"));
   EXPECT_THAT(errors[0] + errors[1], HasSubstr("timed out after 200 ms"));
   EXPECT_THAT(errors[0], HasSubstr("all_reduce"));
+}
+
+// WaitLonger lengthens a communicator's waits for a scope and gives the timeout back after it: rank 1 comes to two
+// barriers 400 ms late; rank 0 waits it out in the first, inside the scope, and gives up on the second after the
+// communicator's 100 ms.
+TEST(Collectives, WaitLongerLengthensWaitsForItsScopeOnly) {
+  CommOptions options;
+  options.timeout = std::chrono::milliseconds(100);
+  const auto errors = run_ranks(
+      2,
+      [](Communicator& c) {
+        const auto late = [&] {
+          if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+        };
+        {
+          const WaitLonger longer(c, std::chrono::seconds(20));
+          EXPECT_EQ(c.options().timeout, std::chrono::seconds(20));
+          late();
+          c.barrier();
+        }
+        EXPECT_EQ(c.options().timeout, std::chrono::milliseconds(100));
+        late();
+        c.barrier();
+      },
+      options, 0);
+  EXPECT_THAT(errors[0], HasSubstr("timed out after 100 ms"));
 }
 
 TEST(PointToPoint, TaggedMessagesMatchByTag) {

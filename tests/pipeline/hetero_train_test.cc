@@ -139,6 +139,18 @@ TEST(ClusterJobHostMemory, RanksNeedTheirProcessesAndTheirHostMemoryDevices) {
                 "process) and it has 1.99 GiB available. Plan for fewer devices"));
 }
 
+// A plan of two stages of one block each over a two-block model (`shape`), the embedding on the first and the head on
+// the second, each stage's {tp, dp}.
+Plan block_a_stage(const TransformerShape& shape, std::pair<int, int> first, std::pair<int, int> second) {
+  Plan plan;
+  plan.shape = shape;
+  plan.stages.resize(2);
+  plan.stages[0] = StagePlan{.chip = "a", .tp = first.first, .dp = first.second, .layers = 1, .embedding = true};
+  plan.stages[1] = StagePlan{.chip = "a", .tp = second.first, .dp = second.second, .first_layer = 1, .layers = 1};
+  plan.stages[1].head = true;
+  return plan;
+}
+
 // A checkpoint's host buffers on each rank (RankTraining::save): its Adam moments copied out (two f32 per parameter of
 // its shard, and under ZeRO-1 its share beside them), and on the first replica's ranks the largest tensor the stage
 // writes: every TP rank's shard of it, and on the writer (TP rank 0) its value and two moments whole, a block
@@ -148,12 +160,8 @@ TEST(ClusterJobHostMemory, RanksNeedTheirProcessesAndTheirHostMemoryDevices) {
 // rank with the most vocabulary rows 5 x 8 + 32 = 72; the head's LayerNorm 16, beside its copy of the tied table
 // (80). The largest block matrix 8 x 32 = 256 (a TP-2 shard of 128), the table 80 (not transposed; shards of 40).
 TEST(ClusterJobHostMemory, CheckpointsTakeTheMomentsAndTheLargestTensorWrittenWhole) {
-  Plan plan;
-  plan.shape = {.layers = 2, .hidden = 8, .heads = 2, .kv_heads = 2, .ffn = 32, .vocab = 10, .seq_len = 4};
-  plan.stages.resize(2);
-  plan.stages[0] = StagePlan{.chip = "a", .tp = 2, .dp = 2, .layers = 1, .embedding = true};
-  plan.stages[1] = StagePlan{.chip = "a", .tp = 1, .dp = 1, .first_layer = 1, .layers = 1};
-  plan.stages[1].head = true;
+  Plan plan = block_a_stage({.layers = 2, .hidden = 8, .heads = 2, .kv_heads = 2, .ffn = 32, .vocab = 10, .seq_len = 4},
+                            {2, 2}, {1, 1});
   // Stage 0, a shard of 72 + 460 = 532: the block matrix (4 x 256 + 128 + 128) outweighs the table (3 x 80 + 40 + 40)
   // on the writer; its other TP rank holds only its shard of it (128 against the table's 40).
   EXPECT_EQ(checkpoint_host_bytes(plan, 0, 0, 0, false), 2 * 4 * 532 + 4 * (4 * 256 + 128 + 128));
@@ -166,6 +174,18 @@ TEST(ClusterJobHostMemory, CheckpointsTakeTheMomentsAndTheLargestTensorWrittenWh
   plan.shape.tied_embeddings = false;
   plan.shape.vocab = 1000;
   EXPECT_EQ(checkpoint_host_bytes(plan, 1, 0, 0, false), 2 * 4 * (872 + 16 + 8000) + 4 * (3 * 8000 + 8000));
+}
+
+// Around a checkpoint ranks wait the communicator's timeout plus the whole checkpoint at 50 MB/s. Counted by hand for
+// a two-stage GPT of C = 1,024, a 4,096-wide MLP, 50,000 tokens and 1,024 positions, a block each: a block
+// 12 C^2 + 13 C = 12,596,224; the first stage adds the embedding (50,000 + 1,024) x 1,024 = 52,248,576, the second the
+// final LayerNorm 2,048 and its copy of the tied table, 51,200,000: 128,643,072 parameters, 12 bytes each (the value
+// and two moments in f32), 1,543,716,864 bytes: 30.874 s.
+TEST(CheckpointTimeout, IsTheCommunicatorsPlusTheWholeCheckpointAtTheSlowestStorage) {
+  const Plan plan = block_a_stage(
+      {.layers = 2, .hidden = 1024, .heads = 8, .kv_heads = 8, .ffn = 4096, .vocab = 50000, .seq_len = 1024}, {4, 2},
+      {2, 1});
+  EXPECT_EQ(checkpoint_timeout(plan, std::chrono::milliseconds(30000)), std::chrono::milliseconds(30000 + 30875));
 }
 
 // After a run, the ranks' measured peak resident memory beside what was counted for them: together, and the rank
