@@ -99,6 +99,7 @@ ChipMeasurement measure_chip(const Cluster& cluster, const std::string& chip, co
   const KernelWork* reference = options.reference;
   DeviceSpec spec = device_spec_of(cluster, chip, 0);
   if (spec.emu) {
+    spec.emu->announce = false;                       // profile_cluster's first line names the emulated chips
     spec.emu->mem_capacity_bytes = size_t{16} << 30;  // measuring, not fitting: the planner checks memory
     spec.emu->reference_work = reference ? std::make_shared<const KernelWork>(*reference) : nullptr;
     if (options.unpaced) unpace(*spec.emu);
@@ -623,7 +624,9 @@ LinkMeasurement measure_link(Communicator& world, const Cluster& cluster, const 
   // emulated chips 1.3-2.6 ms an all-reduce, against 2-23 us idle (bench/run_emulated.sh's 16-device cluster: its
   // simulated step was 19% short with the idle figure; docs/pipeline.md).
   {
-    auto device = create_device(device_spec_of(cluster, chip, 0));
+    DeviceSpec spec = device_spec_of(cluster, chip, 0);
+    if (spec.emu) spec.emu->announce = false;
+    auto device = create_device(spec);
     const int64_t rows = int64_t{micro_batch} * shape.seq_len, C = shape.hidden;
     const Tensor in = device->zeros(DType::kF32, {rows, C}), w = device->zeros(DType::kF32, {2 * C, C});
     const Tensor out = device->empty(DType::kF32, {rows, 2 * C});
@@ -886,6 +889,17 @@ int profile_cluster(const ProfileJob& job) {
       "first of %zu processes (one per device) that has it, %d thread(s) each\n",
       cluster.chips.size(), cluster_file.c_str(), model_label.c_str(), micro_batch, precision_name(job.precision),
       ranks.size(), threads_per_rank(cluster));
+  std::string emulated;
+  for (const ChipType& c : cluster.chips) {
+    if (c.backend == "emu")
+      emulated += cat(emulated.empty() ? "" : ", ", c.name, " ", emu_profile_of(cluster, c.name).speed, "x");
+  }
+  if (!emulated.empty()) {
+    std::printf(
+        "emulated on this host's CPU, their timings following this profile, not real hardware: %s the host "
+        "(the first pass learns their kernels' work at the host's speed)\n",
+        emulated.c_str());
+  }
   std::fflush(stdout);  // before the ranks' lines
   // The ranks read the shape from a model file (the job's may come from a training config) and write raw results.
   const std::string part = out + ".ranks.json", model_file = out + ".model.yaml";

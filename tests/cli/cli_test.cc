@@ -713,6 +713,13 @@ TEST_F(ClusterTraining, ProfileWritesAMeasuredClusterTheTrainerPlansWith) {
   const Result r = run_h2("profile --cluster " + cluster_ + " --model " + model_ + " --out " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("one chip type at a time, on the first of 2 processes (one per device)"));
+  // Its first lines say which chips are emulated and at what speed; the devices it measures on do not each warn
+  // (they once printed eight warnings, half of them "speed 1x the host, memory capped at 16.00 GiB").
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("emulated on this host's CPU, their timings following this "
+                                                     "profile, not real hardware: fast [0-9.]+x, slow [0-9.]+x "
+                                                     "the host")))
+      << r.output;
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("EMULATED")));
   // Each turn says what it measures and, done, how long it took: each chip type twice, in order.
   const size_t learn_fast = r.output.find("rank 0 measured 'fast' (pass 1 of 2, learning its kernels' work) in "),
                learn_slow = r.output.find("rank 1 measured 'slow' (pass 1 of 2, learning its kernels' work) in "),

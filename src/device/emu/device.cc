@@ -38,6 +38,7 @@ class EmuDevice final : public Device {
             profile.speed, profile.mem_bandwidth_gbps, monotonic_seconds, [this](double s) { idle(s); },
             profile.reference_work),
         kernels_(cpu_kernels_with(profile.numerics)) {
+    if (!profile.announce) return;
     log_warn("device ", name(), " is an EMULATED '", profile.chip, "' chip running on this host's CPU: speed ",
              profile.speed, "x the host, memory capped at ", format_bytes(profile.mem_capacity_bytes),
              profile.mem_bandwidth_gbps > 0 ? cat(", copies at ", profile.mem_bandwidth_gbps, " GB/s") : "",

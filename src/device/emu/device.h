@@ -59,6 +59,7 @@ struct EmuProfile {
   double mem_bandwidth_gbps = 0;                     // copy bandwidth; 0 = as fast as the host copies
   Numerics numerics = Numerics::kExact;              // how its kernels round (ops/cpu/variants.h)
   std::shared_ptr<const KernelWork> reference_work;  // the work its listed kernels count (see above); null: none
+  bool announce = true;  // warn at creation that it is emulated (off for h2 profile's devices: the profile says so)
 };
 
 // Reads `chips:` from a chip-profile file (see examples/emu_chips.yaml); errors name the file, line and field.
