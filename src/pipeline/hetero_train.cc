@@ -139,27 +139,38 @@ std::vector<std::vector<double>> gather_bytes(Communicator& world, const std::ve
   return out;
 }
 
-// Rank 0 gets every rank's part of a checkpoint's manifest (its writers' sizes and checksums, as they wrote the
-// files; a rank that wrote none has an empty part) and returns them together; the others get an empty one.
-Manifest gather_manifest(Communicator& world, const Manifest& mine) {
-  constexpr uint32_t kManifestTag = 1;  // the only point-to-point messages on the job's world
-  const std::string text = mine.empty() ? std::string() : manifest_json(mine);
+// Rank 0 gets every rank's text, in rank order (its own first); the others an empty list. Point to point on the
+// job's world, after an all-gather of the lengths: only the ranks with something to say send.
+std::vector<std::string> gather_text(Communicator& world, const std::string& text) {
+  constexpr uint32_t kTextTag = 1;  // the only point-to-point messages on the job's world
   const std::vector<std::vector<double>> lengths = gather_bytes(world, {static_cast<double>(text.size())});
   if (world.rank() != 0) {
     if (!text.empty()) {
-      std::unique_ptr<Request> sent = world.isend(text.data(), text.size(), 0, kManifestTag);
-      world.wait_request(*sent, "checkpoint manifest", 0);
+      std::unique_ptr<Request> sent = world.isend(text.data(), text.size(), 0, kTextTag);
+      world.wait_request(*sent, "sending rank 0 a report", 0);
     }
     return {};
   }
-  Manifest all = mine;
+  std::vector<std::string> all{text};
   for (int r = 1; r < world.size(); ++r) {
-    const auto bytes = static_cast<size_t>(lengths[static_cast<size_t>(r)][0]);
-    if (bytes == 0) continue;
-    std::string text_of_r(bytes, '\0');
-    std::unique_ptr<Request> got = world.irecv(text_of_r.data(), bytes, r, kManifestTag);
-    world.wait_request(*got, "checkpoint manifest", r);
-    for (auto& [name, file] : parse_manifest(text_of_r, cat("rank ", r, "'s checkpoint files"))) {
+    std::string got(static_cast<size_t>(lengths[static_cast<size_t>(r)][0]), '\0');
+    if (!got.empty()) {
+      std::unique_ptr<Request> received = world.irecv(got.data(), got.size(), r, kTextTag);
+      world.wait_request(*received, "receiving a rank's report", r);
+    }
+    all.push_back(std::move(got));
+  }
+  return all;
+}
+
+// Rank 0 gets every rank's part of a checkpoint's manifest (its writers' sizes and checksums, as they wrote the
+// files; a rank that wrote none has an empty part) and returns them together; the others get an empty one.
+Manifest gather_manifest(Communicator& world, const Manifest& mine) {
+  const std::vector<std::string> parts = gather_text(world, mine.empty() ? std::string() : manifest_json(mine));
+  Manifest all;
+  for (size_t r = 0; r < parts.size(); ++r) {
+    if (parts[r].empty()) continue;
+    for (auto& [name, file] : parse_manifest(parts[r], cat("rank ", r, "'s checkpoint files"))) {
       if (!all.emplace(name, std::move(file)).second) {
         throw Error(ErrorCode::kInternal,
                     cat("rank ", r, " wrote checkpoint file ", name, ", which another rank wrote"));
@@ -323,29 +334,52 @@ void RankTraining::load_data() {
 
 void RankTraining::restore() {
   if (!run_.resume) return;
-  // Rank 0 verifies the checkpoints whole, newest first, and tells the others the step it resumes from (-1: none
-  // verifies): every rank reading the whole checkpoint would read it once a rank, and ranks reading only their own
-  // stage's tensors could disagree on which checkpoint is intact.
+  // Every rank verifies its share of each candidate's tensors (verify_checkpoint's part), newest first, and rank 0
+  // hears what each found and tells them all whether the candidate is intact: ranks reading only their own stage's
+  // tensors could disagree on which checkpoint is intact, and rank 0 reading it whole reads a 100B model's 1.2 TB
+  // alone.
   const WaitLonger wait(world_, checkpoint_timeout(plan_, world_.options().timeout));
+  std::vector<std::string> reasons;
+  const std::vector<std::string> candidates = resume_candidates(checkpoint_dir_, &reasons);
+  double count = static_cast<double>(candidates.size());
+  world_.broadcast(&count, 1, DType::kF64, 0);
+  if (count != static_cast<double>(candidates.size())) {
+    throw Error(ErrorCode::kIo, cat(checkpoint_dir_, ": rank ", rank_, " sees ", candidates.size(),
+                                    " checkpoint(s), rank 0 ", count, ": do the ranks share this folder?"));
+  }
   std::string latest;
-  double step = -1;
-  if (rank_ == 0) {
-    std::vector<std::string> skipped;
+  for (const std::string& c : candidates) {
+    std::string found;
     try {
-      latest = resume_checkpoint(checkpoint_dir_, &skipped);
-      step = static_cast<double>(read_checkpoint_state(latest).step);
-    } catch (const Error&) {
-      world_.broadcast(&step, 1, DType::kF64, 0);
-      throw;
+      verify_checkpoint(c, rank_, world_.size());
+    } catch (const Error& e) {
+      found = e.what();
     }
-    for (const std::string& s : skipped) std::printf("warning: not resuming from %s\n", s.c_str());
+    const std::vector<std::string> all = gather_text(world_, found);
+    const auto reported = [](const std::string& r) { return !r.empty(); };
+    const auto first = std::find_if(all.begin(), all.end(), reported);
+    double intact = first == all.end() ? 1 : 0;
+    if (first != all.end()) {
+      const auto others = std::count_if(first + 1, all.end(), reported);
+      reasons.push_back(cat(c, ": ", *first, " (rank ", first - all.begin(), "'s share",
+                            others > 0 ? cat("; ", others, " other rank(s) found damage in theirs") : "", ")"));
+      std::printf("warning: not resuming from %s\n", reasons.back().c_str());
+    }
+    world_.broadcast(&intact, 1, DType::kF64, 0);
+    if (intact == 1) {
+      latest = c;
+      break;
+    }
   }
-  world_.broadcast(&step, 1, DType::kF64, 0);
-  if (step < 0) {
-    throw Error(ErrorCode::kNotFound,
-                cat(checkpoint_dir_, ": rank 0 found no checkpoint to resume from (its error says why)"));
+  if (latest.empty()) {
+    if (rank_ != 0) {
+      throw Error(ErrorCode::kNotFound,
+                  cat(checkpoint_dir_, ": rank 0 found no checkpoint to resume from (its error says why)"));
+    }
+    std::string all;
+    for (const std::string& r : reasons) all += "\n  " + r;
+    throw Error(ErrorCode::kNotFound, cat(checkpoint_dir_, ": no checkpoint to resume from verifies:", all));
   }
-  if (rank_ != 0) latest = (fs::path(checkpoint_dir_) / checkpoint_name(static_cast<int64_t>(step))).string();
   resumed_from_ = latest;
   const CheckpointState state = read_checkpoint_state(latest);
   check_checkpoint_model(state, c_.model, latest);

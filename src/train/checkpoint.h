@@ -108,8 +108,14 @@ void load_checkpoint_by_name(const std::string& checkpoint, Gpt& model, std::vec
 std::string latest_checkpoint(const std::string& dir);
 
 // Error(kIo) naming the file, the tensor and what is wrong when a checkpoint does not verify: a file of the
-// manifest missing or of another size, a tensor's checksum, a NaN or infinite value.
-void verify_checkpoint(const std::string& checkpoint);
+// manifest missing or of another size, a tensor's checksum, a NaN or infinite value. With `parts` > 1 it checks
+// every file's size and tensor names but reads through only the tensors whose index — over the manifest's files in
+// order, each file's tensors in order — is `part` modulo `parts`: that many ranks verify a checkpoint together.
+void verify_checkpoint(const std::string& checkpoint, int part = 0, int parts = 1);
+
+// The checkpoints of `dir` a resume tries, in order: the one `latest` names, then every other complete step_*,
+// newest first. Why `latest` cannot be read, when it cannot, is added to `reasons`.
+std::vector<std::string> resume_candidates(const std::string& dir, std::vector<std::string>* reasons);
 
 // The checkpoint to resume from in `dir`: `latest` if it verifies, else the newest step_* that does; each one
 // skipped is added to `skipped` with the reason. Error(kNotFound) when none verifies, with every reason.

@@ -646,9 +646,11 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   EXPECT_EQ(last_step.substr(0, last_step.find("\"step_s\"")), full_step.substr(0, full_step.find("\"step_s\"")));
 }
 
-// Each rank reads only its own stage's tensors of a checkpoint; which checkpoint they resume from, rank 0 decides,
-// having verified each whole. A damaged tensor in the newest checkpoint's last stage — a file the first stage's rank
-// does not read — sends every rank back to the checkpoint before, and the run ends where the uninterrupted one did.
+// Each rank reads only its own stage's tensors of a checkpoint; which checkpoint they resume from, they decide
+// together: each verifies its share of every candidate's tensors, and rank 0 hears every share's finding. Two tensors
+// damaged in the newest checkpoint's last stage — a file the first stage's rank does not read; adjacent in the
+// verification's order, so one in each rank's share — send every rank back to the checkpoint before, the warning
+// counting both shares' findings, and the run ends where the uninterrupted one did.
 TEST_F(ClusterTraining, ADamagedStageOfTheNewestCheckpointSendsEveryRankToTheOneBefore) {
   const Result full = run_h2(command());  // 6 steps, a checkpoint every 2
   ASSERT_EQ(full.status, 0) << full.output;
@@ -656,17 +658,30 @@ TEST_F(ClusterTraining, ADamagedStageOfTheNewestCheckpointSendsEveryRankToTheOne
   const std::string damaged = dir_ + "/run/checkpoints/step_000006/model.stage1.safetensors";
   {
     std::fstream f(damaged, std::ios::binary | std::ios::in | std::ios::out);
-    f.seekg(-1, std::ios::end);
-    char byte = 0;
-    f.read(&byte, 1);
-    byte = static_cast<char>(byte ^ 0x40);  // an exponent bit of its last value
-    f.seekp(-1, std::ios::end);
-    f.write(&byte, 1);
+    uint64_t length = 0;
+    f.read(reinterpret_cast<char*>(&length), 8);
+    std::string text(length, ' ');
+    f.read(text.data(), static_cast<std::streamsize>(length));
+    const nlohmann::json header = nlohmann::json::parse(text);  // its tensors by name, the verification's order
+    std::vector<uint64_t> starts;
+    for (const auto& [name, t] : header.items()) {
+      if (name != "__metadata__") starts.push_back(8 + length + t.at("data_offsets")[0].get<uint64_t>());
+    }
+    ASSERT_GE(starts.size(), 2u);
+    for (uint64_t at : {starts[starts.size() - 2], starts.back()}) {
+      char byte = 0;
+      f.seekg(static_cast<std::streamoff>(at + 3));
+      f.read(&byte, 1);
+      byte = static_cast<char>(byte ^ 0x40);  // an exponent bit of the tensor's first value
+      f.seekp(static_cast<std::streamoff>(at + 3));
+      f.write(&byte, 1);
+    }
   }
   const Result resumed = run_h2(command() + " --resume");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("warning: not resuming from " + dir_ + "/run/checkpoints/step_000006: "));
   EXPECT_THAT(resumed.output, HasSubstr("model.stage1.safetensors: tensor '"));
+  EXPECT_THAT(resumed.output, HasSubstr("'s share; 1 other rank(s) found damage in theirs)"));
   EXPECT_THAT(resumed.output, HasSubstr("resumed from " + dir_ + "/run/checkpoints/step_000004"));
   EXPECT_EQ(metric_lines(dir_ + "/run/metrics.jsonl").back(), full_metrics.back());  // the held-out loss, bit for bit
 }

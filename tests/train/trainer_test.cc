@@ -501,6 +501,34 @@ TEST(Checkpoint, ALoadVerifiesOnlyTheTensorsItTakes) {
   EXPECT_THAT(error_of([&] { verify_checkpoint(newest); }, ErrorCode::kIo), HasSubstr("does not match its checksum"));
 }
 
+// Ranks verify a checkpoint together, each reading through every parts-th tensor: one damaged tensor fails exactly
+// one share of three, naming it; a file of the wrong size fails every share (each checks every file's size and
+// tensor names); with one share, verify_checkpoint reads everything.
+TEST(Checkpoint, SharesOfAVerificationTogetherReadEveryTensorOnce) {
+  TrainConfig c = tiny_config("ckpt_shares", "cpu");
+  c.steps = 2;
+  train(c, {.quiet = true});
+  const std::string newest = latest_checkpoint(c.out_dir + "/checkpoints");
+  for (int part = 0; part < 3; ++part) verify_checkpoint(newest, part, 3);
+  flip_tensor_bit(newest + "/optimizer.safetensors", "v.h.1.attn.c_proj.weight");
+  int failed = 0;
+  for (int part = 0; part < 3; ++part) {
+    try {
+      verify_checkpoint(newest, part, 3);
+    } catch (const Error& e) {
+      ++failed;
+      EXPECT_THAT(e.what(), HasSubstr("tensor 'v.h.1.attn.c_proj.weight' does not match its checksum"));
+    }
+  }
+  EXPECT_EQ(failed, 1);
+  EXPECT_THAT(error_of([&] { verify_checkpoint(newest); }, ErrorCode::kIo), HasSubstr("v.h.1.attn.c_proj.weight"));
+  fs::resize_file(newest + "/model.safetensors", fs::file_size(newest + "/model.safetensors") - 4);
+  for (int part = 0; part < 3; ++part) {
+    EXPECT_THAT(error_of([&] { verify_checkpoint(newest, part, 3); }, ErrorCode::kIo),
+                HasSubstr("model.safetensors: "));
+  }
+}
+
 // CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320) bit by bit, as its definition gives it: the reference the
 // manifest's checksums are held to.
 uint32_t crc32_by_hand(const uint8_t* p, size_t n) {
