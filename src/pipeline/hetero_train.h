@@ -108,8 +108,9 @@ double checkpoint_host_bytes(const Plan& plan, int stage, int replica, int t, bo
 // How long ranks wait on each other around a checkpoint (RankTraining::save and restore): `base`, the communicator's
 // timeout, plus the time to move the whole checkpoint — every stage's parameters whole, their value and both Adam
 // moments in f32 — at kCheckpointFloorBytesPerSecond, the slowest storage a run is expected to write to or read from:
-// a save waits for its slowest writer, a resume for rank 0's verification of all of it and each rank's load. (With the
-// communicator's 30 s alone, a stage of a 100B model, over 100 GB to write, made the other ranks give up.)
+// a save waits for its slowest writer, a resume for the slowest rank's share of each candidate's verification and
+// for each rank's load. (With the communicator's 30 s alone, the other ranks would give up on the writer of a stage of
+// a 100B model, over 100 GB.)
 inline constexpr double kCheckpointFloorBytesPerSecond = 50e6;
 std::chrono::milliseconds checkpoint_timeout(const Plan& plan, std::chrono::milliseconds base);
 

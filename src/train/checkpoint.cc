@@ -262,6 +262,7 @@ Manifest write_model_files(const std::string& folder, const std::string& part, G
     moment_file.emplace((fs::path(folder) / moment_name).string(), moments);
   }
   Manifest written;
+  if (write) written[value_name], written[moment_name];  // both listed, even when `include` takes no tensor
   for_each_saved_param(model, m, v, include, gather, [&](const SavedParam& p) {
     // The checksums of the bytes as they leave memory: what the file should hold, whatever reaches the disk.
     auto out = [&](SafetensorsWriter& file, const std::string& file_name, const std::string& tensor,

@@ -610,6 +610,13 @@ TEST(Checkpoint, TheStateRefusesAFolderThatDiffersFromItsManifest) {
   EXPECT_EQ(read_checkpoint_state(folder).files.size(), 1u);
   EXPECT_THAT(error_of([] { parse_manifest("[1, 2]", "rank 3's checkpoint files"); }, ErrorCode::kIo),
               HasSubstr("rank 3's checkpoint files"));
+  // A part whose files hold no tensor still lists both, and the state takes them.
+  const std::string empty = begin_checkpoint(dir, 2);
+  const Manifest none = write_model_files(empty, ".stage9", model, zeros.data(), zeros.data(),
+                                          [](const Gpt::Param&) { return false; }, {});
+  ASSERT_EQ(none.size(), 2u);
+  EXPECT_TRUE(none.at("optimizer.stage9.safetensors").crc32.empty());
+  write_checkpoint_state(empty, CheckpointState{.step = 2, .model = config, .files = none});
   fs::remove_all(dir);
 }
 
