@@ -708,17 +708,24 @@ HostBytes rank_host_bytes(const std::string& backend, double device_bytes, doubl
           .checkpoints = checkpoint_bytes};
 }
 
+namespace {
+// The parameters a TP-`tp` shard of stage `s` holds (model/costs.h's stage_params).
+double params_of(const TransformerShape& shape, const StagePlan& s, int tp) {
+  return static_cast<double>(stage_params({.shape = shape,
+                                           .embedding = s.embedding,
+                                           .head = s.head,
+                                           .layers = s.layers,
+                                           .starts_at_mlp = s.starts_at_mlp,
+                                           .ends_at_attention = s.ends_at_attention,
+                                           .tp = tp}));
+}
+}  // namespace
+
 double checkpoint_host_bytes(const Plan& plan, int stage, int replica, int t, bool zero1) {
   const StagePlan& s = plan.stages[static_cast<size_t>(stage)];
   const TransformerShape& shape = plan.shape;
   constexpr double kF32 = 4;
-  const double shard = static_cast<double>(stage_params({.shape = shape,
-                                                         .embedding = s.embedding,
-                                                         .head = s.head,
-                                                         .layers = s.layers,
-                                                         .starts_at_mlp = s.starts_at_mlp,
-                                                         .ends_at_attention = s.ends_at_attention,
-                                                         .tp = s.tp}));
+  const double shard = params_of(shape, s, s.tp);
   double bytes = 2 * kF32 * (shard + (zero1 ? std::ceil(shard / s.dp) : 0.0));
   if (replica != 0) return bytes;
   // The tensor being written. Every TP rank copies its shard out; the writer (TP rank 0) also holds the value and
@@ -740,15 +747,7 @@ double checkpoint_host_bytes(const Plan& plan, int stage, int replica, int t, bo
 
 std::chrono::milliseconds checkpoint_timeout(const Plan& plan, std::chrono::milliseconds base) {
   double params = 0;
-  for (const StagePlan& s : plan.stages) {
-    params += static_cast<double>(stage_params({.shape = plan.shape,
-                                                .embedding = s.embedding,
-                                                .head = s.head,
-                                                .layers = s.layers,
-                                                .starts_at_mlp = s.starts_at_mlp,
-                                                .ends_at_attention = s.ends_at_attention,
-                                                .tp = 1}));
-  }
+  for (const StagePlan& s : plan.stages) params += params_of(plan.shape, s, 1);
   const double seconds = 3 * 4 * params / kCheckpointFloorBytesPerSecond;
   return base + std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
 }

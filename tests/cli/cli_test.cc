@@ -15,8 +15,10 @@
 #include <string>
 #include <thread>
 
+#include "checkpoint_damage.h"
 #include "core/config.h"
 #include "core/file.h"
+#include "core/safetensors.h"
 #include "model/test_data.h"
 #include "planner/spec.h"
 #include "test_util.h"
@@ -656,27 +658,13 @@ TEST_F(ClusterTraining, ADamagedStageOfTheNewestCheckpointSendsEveryRankToTheOne
   ASSERT_EQ(full.status, 0) << full.output;
   const auto full_metrics = metric_lines(dir_ + "/run/metrics.jsonl");
   const std::string damaged = dir_ + "/run/checkpoints/step_000006/model.stage1.safetensors";
+  std::vector<std::string> names;  // its tensors in the verification's order
   {
-    std::fstream f(damaged, std::ios::binary | std::ios::in | std::ios::out);
-    uint64_t length = 0;
-    f.read(reinterpret_cast<char*>(&length), 8);
-    std::string text(length, ' ');
-    f.read(text.data(), static_cast<std::streamsize>(length));
-    const nlohmann::json header = nlohmann::json::parse(text);  // its tensors by name, the verification's order
-    std::vector<uint64_t> starts;
-    for (const auto& [name, t] : header.items()) {
-      if (name != "__metadata__") starts.push_back(8 + length + t.at("data_offsets")[0].get<uint64_t>());
-    }
-    ASSERT_GE(starts.size(), 2u);
-    for (uint64_t at : {starts[starts.size() - 2], starts.back()}) {
-      char byte = 0;
-      f.seekg(static_cast<std::streamoff>(at + 3));
-      f.read(&byte, 1);
-      byte = static_cast<char>(byte ^ 0x40);  // an exponent bit of the tensor's first value
-      f.seekp(static_cast<std::streamoff>(at + 3));
-      f.write(&byte, 1);
-    }
+    const SafetensorsFile file(damaged);
+    for (const SafetensorsEntry& e : file.entries()) names.push_back(e.name);
   }
+  ASSERT_GE(names.size(), 2u);
+  for (size_t i : {names.size() - 2, names.size() - 1}) testing_util::flip_tensor_bit(damaged, names[i]);
   const Result resumed = run_h2(command() + " --resume");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_THAT(resumed.output, HasSubstr("warning: not resuming from " + dir_ + "/run/checkpoints/step_000006: "));

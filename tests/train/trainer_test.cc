@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "checkpoint_damage.h"
 #include "core/file.h"
 #include "core/safetensors.h"
 #include "device/key_recorder.h"
@@ -26,6 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using testing_util::error_of;
+using testing_util::flip_bit;
+using testing_util::flip_tensor_bit;
 
 constexpr int kVocab = 32;
 
@@ -392,29 +395,6 @@ TEST(Checkpoint, FilesAreWrittenATensorAtATime) {
   EXPECT_EQ(model.entries().size(), shard.params().size());
   for (const Gpt::Param& p : shard.params()) EXPECT_TRUE(model.has(p.name)) << p.name;
   fs::remove_all(folder);
-}
-
-// Flips one bit of a file at `offset` from its end.
-void flip_bit(const std::string& path, uintmax_t from_end) {
-  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
-  f.seekg(static_cast<std::streamoff>(fs::file_size(path) - from_end));
-  char byte = 0;
-  f.read(&byte, 1);
-  byte = static_cast<char>(byte ^ 0x40);  // an exponent bit of the last float's top byte, for from_end 1
-  f.seekp(static_cast<std::streamoff>(fs::file_size(path) - from_end));
-  f.write(&byte, 1);
-}
-
-// Flips an exponent bit of the first value of safetensors file `path`'s tensor `name` (found through its header).
-void flip_tensor_bit(const std::string& path, const std::string& name) {
-  std::ifstream in(path, std::ios::binary);
-  uint64_t length = 0;
-  in.read(reinterpret_cast<char*>(&length), 8);
-  std::string header(length, ' ');
-  in.read(header.data(), static_cast<std::streamsize>(length));
-  const uint64_t first = 8 + length + nlohmann::json::parse(header).at(name).at("data_offsets")[0].get<uint64_t>();
-  in.close();
-  flip_bit(path, fs::file_size(path) - first - 3);  // the first float's top byte
 }
 
 // A damaged checkpoint is never loaded silently: a truncated file, garbage in a header, one flipped bit (which
