@@ -42,12 +42,13 @@ StageLayout stage_layout_of(const Plan& plan) {
 }
 
 void check_plan_runs(const Plan& plan, const GptConfig& model) {
-  check_plan(plan, "plan");  // the stages cover the blocks in order, replicas divide a micro-batch, chunks fit
   const auto fail = [](const std::string& what) { throw Error(ErrorCode::kConfig, cat("plan: ", what)); };
-  check_plan_model(plan, model.shape(), "the run's model");
-  if (plan.schedule == ScheduleKind::kGPipe) {
-    fail("schedule gpipe: h2 train runs 1F1B and interleaved 1F1B; plan again, or set \"schedule\": \"1f1b\"");
+  if (plan.schedule == ScheduleKind::kGPipe || plan.schedule == ScheduleKind::kZeroBubbleH1) {
+    fail(cat("schedule ", schedule_name(plan.schedule),
+             ": h2 train runs 1F1B and interleaved 1F1B; plan again, or set \"schedule\": \"1f1b\""));
   }
+  check_plan(plan, "plan");  // the stages cover the blocks in order, replicas divide a micro-batch, chunks fit
+  check_plan_model(plan, model.shape(), "the run's model");
   if (plan.chunks > 1 && plan.stages.size() < 2) {
     fail(cat("chunks ", plan.chunks, ": interleaving needs at least two stages; set \"chunks\": 1"));
   }

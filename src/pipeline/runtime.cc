@@ -367,6 +367,9 @@ void StageRunner::run(const Action& a, const Batch& batch) {
       send(to_prev_, gout_[static_cast<size_t>(gout_of_[static_cast<size_t>(m)])], tag(vs, m, true),
            kSlotOwners + gout_of_[static_cast<size_t>(m)]);
       break;
+    case ActionType::kWeight:  // check_plan_runs refuses the schedules that have it
+      throw Error(ErrorCode::kInvalidArgument,
+                  cat("pipeline: ", a.str(), ": the runtime does not split a backward into B and W (zb-h1)"));
     case ActionType::kReduceGrad:
     case ActionType::kOptim:
       H2_CHECK(false) << a.str() << " is the rank's, not a chunk's";

@@ -38,6 +38,11 @@ const CostModel::PieceTimes& CostModel::piece_times(int chip, int tp, int b) con
     t.embedding_backward_s = embedding_backward_s(chip, tp, b);
     t.head_forward_s = head_forward_s(chip, tp, b);
     t.head_backward_s = head_backward_s(chip, tp, b);
+    t.layer_weight_s = layer_weight_s(chip, tp, b);
+    t.attention_weight_s = layer_weight_s(chip, tp, b, BlockPart::kAttention);
+    t.mlp_weight_s = layer_weight_s(chip, tp, b, BlockPart::kMlp);
+    t.embedding_weight_s = t.embedding_backward_s;
+    t.head_weight_s = head_weight_s(chip, tp, b);
   }
   return it->second;  // std::map: references stay valid as it grows
 }
@@ -154,6 +159,28 @@ double CostModel::head_backward_s(int chip, int tp, int b) const {
   return stage_kernels_s(chip, head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true),
                          part_factor(chip, tp, b, true, true)) +
          tp_allreduce_s(chip, tp, b);
+}
+
+namespace {
+
+std::vector<OpWork> gemm_backwards(std::vector<OpWork> ops) {
+  std::erase_if(ops, [](const OpWork& op) { return op.kind != OpClass::kMatmulBackward; });
+  return ops;
+}
+
+}  // namespace
+
+// Half of each GEMM backward's time, as the backward costs it (its part correction; no all-reduce: dW needs none).
+double CostModel::layer_weight_s(int chip, int tp, int b, BlockPart part) const {
+  const std::vector<OpWork> ops =
+      gemm_backwards(block_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true, part));
+  return stage_kernels_s(chip, ops, part_factor(chip, tp, b, false, true)) / 2;
+}
+
+double CostModel::head_weight_s(int chip, int tp, int b) const {
+  const std::vector<OpWork> ops =
+      gemm_backwards(head_ops(model_, b, model_.seq_len, tp, k_.bytes.activation, k_.bytes.weight, true));
+  return stage_kernels_s(chip, ops, part_factor(chip, tp, b, true, true)) / 2;
 }
 
 // Partitioned (Megatron-LM's scatter-gather; pipeline/runtime.h's boundary_transfers): each receiving TP rank gets

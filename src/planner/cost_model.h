@@ -58,6 +58,8 @@ class CostModel {
     double attention_forward_s = 0, attention_backward_s[3] = {0, 0, 0};
     double mlp_forward_s = 0, mlp_backward_s[3] = {0, 0, 0};
     double embedding_forward_s = 0, embedding_backward_s = 0, head_forward_s = 0, head_backward_s = 0;
+    // Of each backward, the weight gradients' part (weight_s below); the same under every recomputation.
+    double layer_weight_s = 0, attention_weight_s = 0, mlp_weight_s = 0, embedding_weight_s = 0, head_weight_s = 0;
   };
   const PieceTimes& piece_times(int chip, int tp, int b) const;
   // A block's, or one half's: compute + TP all-reduces (two a block, one a half); backward + recomputation (selective:
@@ -69,6 +71,11 @@ class CostModel {
   double embedding_backward_s(int chip, int tp, int b) const;
   double head_forward_s(int chip, int tp, int b) const;  // final LayerNorm + logits + loss
   double head_backward_s(int chip, int tp, int b) const;
+  // Of a block's (or half's) or the head's backward, the weight gradients' products: one of each GEMM's two backward
+  // products (dW = X^T dY beside dX = dY W^T, the same FLOPs), what a split backward's W runs (schedule.h). The
+  // embedding's backward, a scatter into its rows, is all weight gradient.
+  double layer_weight_s(int chip, int tp, int b, BlockPart part = BlockPart::kWhole) const;
+  double head_weight_s(int chip, int tp, int b) const;
   // One activation (or its gradient) of b sequences from a stage on chip `from` with TP tp_from to one on `to` with
   // tp_to: partitioned over the TP ranks, then all-gathered by the receiving group.
   double transfer_s(int from, int tp_from, int to, int tp_to, int b) const;

@@ -68,6 +68,11 @@ void check_layout(const CostModel& c, const LayoutSpec& s,
   if (total != units) {
     fail(kTop, "stages", cat("the stages hold ", s.halves ? total / 2.0 : total, " layers; the model has ", m.layers));
   }
+  if (l.schedule == ScheduleKind::kZeroBubbleH1) {
+    fail(kTop, "schedule",
+         "zb-h1 is for now a what-if of the simulator (h2 simulate PLAN --schedule zb-h1): the planner does not cost "
+         "its memory and h2 train does not split a backward; use 1f1b or interleaved");
+  }
   if (s.halves && l.schedule == ScheduleKind::kInterleaved) {
     fail(kTop, "schedule", "interleaved stages hold whole blocks; a stage boundary inside a block needs 1f1b");
   }

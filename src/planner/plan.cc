@@ -129,7 +129,8 @@ struct Reader {
   }
   void operator()(const char* name, ScheduleKind& k) const {
     const nlohmann::json& v = at(name);
-    if (!v.is_string()) fail(name, cat(v.dump(), " is not a schedule; use \"gpipe\", \"1f1b\" or \"interleaved\""));
+    if (!v.is_string())
+      fail(name, cat(v.dump(), " is not a schedule; use \"gpipe\", \"1f1b\", \"interleaved\" or \"zb-h1\""));
     try {
       k = parse_schedule_kind(v.get<std::string>());
     } catch (const Error& e) {
@@ -171,6 +172,7 @@ std::string Plan::to_json() const {
   for (const StagePlan& s : stages) {
     nlohmann::ordered_json st;
     visit_stage(s, Writer{st});
+    st["weight_s"] = s.weight_s;
     if (s.starts_at_mlp) st["starts_at_mlp"] = true;
     if (s.ends_at_attention) st["ends_at_attention"] = true;
     if (s.recompute_blocks >= 0) st["recompute_blocks"] = s.recompute_blocks;
@@ -178,6 +180,7 @@ std::string Plan::to_json() const {
     for (const ReplicaGroup& g : s.groups) {
       nlohmann::ordered_json gj;
       visit_group(g, Writer{gj});
+      gj["weight_s"] = g.weight_s;
       if (g.recompute_blocks >= 0) gj["recompute_blocks"] = g.recompute_blocks;
       st["groups"].push_back(gj);
     }
@@ -227,6 +230,7 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
     if (stages[i].contains("starts_at_mlp")) stage("starts_at_mlp", st.starts_at_mlp);
     if (stages[i].contains("ends_at_attention")) stage("ends_at_attention", st.ends_at_attention);
     if (stages[i].contains("recompute_blocks")) stage("recompute_blocks", st.recompute_blocks);  // version 6
+    if (stages[i].contains("weight_s")) stage("weight_s", st.weight_s);                          // version 7
     if (stages[i].contains("groups")) {
       const nlohmann::json& groups = stages[i].at("groups");
       if (!groups.is_array()) Reader{stages[i], source, where}.fail("groups", "expected a list");
@@ -235,9 +239,9 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
           Reader{stages[i], source, where}.fail(cat("groups[", k, "]").c_str(), "expected an object");
         ReplicaGroup g;
         visit_group(g, Reader{groups[k], source, cat(where, "groups[", k, "].")});
-        if (groups[k].contains("recompute_blocks")) {
-          Reader{groups[k], source, cat(where, "groups[", k, "].")}("recompute_blocks", g.recompute_blocks);
-        }
+        const Reader group{groups[k], source, cat(where, "groups[", k, "].")};
+        if (groups[k].contains("recompute_blocks")) group("recompute_blocks", g.recompute_blocks);
+        if (groups[k].contains("weight_s")) group("weight_s", g.weight_s);
         st.groups.push_back(g);
       }
     }
@@ -262,6 +266,7 @@ std::vector<ReplicaGroup> StagePlan::replica_groups() const {
                        .recompute_blocks = recompute_blocks,
                        .forward_s = forward_s,
                        .backward_s = backward_s,
+                       .weight_s = weight_s,
                        .memory_bytes = memory_bytes,
                        .capacity_bytes = capacity_bytes}};
 }
@@ -358,6 +363,9 @@ void check_plan(const Plan& p, const std::string& source) {
       for (auto [v, name] : {std::pair{g.forward_s, "forward_s"}, {g.backward_s, "backward_s"}}) {
         if (!(v >= 0 && v <= 1e6)) fail(at + name, cat("must be in [0, 1e6], got ", v));
       }
+      if (!(g.weight_s >= 0 && g.weight_s <= g.backward_s)) {
+        fail(at + "weight_s", cat("must be in [0, backward_s = ", g.backward_s, "], got ", g.weight_s));
+      }
       check_recompute_blocks(g.recompute, g.recompute_blocks, s.layers, at, fail);
       replicas += g.replicas;
       shared += int64_t{g.replicas} * g.rows;
@@ -395,6 +403,13 @@ void check_plan(const Plan& p, const std::string& source) {
       // Finite and within what one step of any real job could take or hold (a second of a day, a petabyte).
       const double most = std::string_view(name).ends_with("_s") ? 1e6 : 1e15;
       if (!(v >= 0 && v <= most)) fail(where + name, cat("must be in [0, ", most, "], got ", v));
+    }
+    if (!(s.weight_s >= 0 && s.weight_s <= s.backward_s)) {
+      fail(where + "weight_s", cat("must be in [0, backward_s = ", s.backward_s, "], got ", s.weight_s));
+    }
+    if (p.schedule == ScheduleKind::kZeroBubbleH1 && s.weight_s <= 0) {
+      fail(where + "weight_s", cat("zb-h1 splits each backward at its weight gradients, and this plan (version ",
+                                   p.version, ") does not say how long they take; plan or cost it again"));
     }
     next_half += s.halves();
     fewest_layers = std::min<int64_t>(fewest_layers, s.layers);
@@ -458,8 +473,24 @@ std::vector<ChunkLayers> virtual_stages(const Plan& plan) {
   return out;
 }
 
+std::vector<int> zb_deferrals(const Plan& plan) {
+  std::vector<int> out;
+  for (size_t i = 0; i < plan.stages.size(); ++i) {
+    const StagePlan& s = plan.stages[i];
+    const double room = s.activation_bytes > 0 ? (s.capacity_bytes - s.memory_bytes) / s.activation_bytes : 0;
+    const int fits = room > 0 ? static_cast<int>(std::min<double>(std::floor(room), static_cast<double>(i))) : 0;
+    bool recomputes = false;  // any of its replicas' chip types
+    for (const ReplicaGroup& g : s.replica_groups()) recomputes = recomputes || g.recompute != Recompute::kNone;
+    out.push_back(recomputes ? 0 : fits);
+  }
+  return out;
+}
+
 Schedule schedule_of(const Plan& plan) {
-  return make_schedule(plan.schedule, static_cast<int>(plan.stages.size()), plan.chunks, plan.num_micro_batches);
+  const int p = static_cast<int>(plan.stages.size());
+  if (plan.schedule == ScheduleKind::kZeroBubbleH1)
+    return schedule_zb_h1(p, plan.num_micro_batches, zb_deferrals(plan));
+  return make_schedule(plan.schedule, p, plan.chunks, plan.num_micro_batches);
 }
 
 ReplayResult replay_plan(const Plan& plan) {
@@ -468,9 +499,19 @@ ReplayResult replay_plan(const Plan& plan) {
   for (const StagePlan& s : plan.stages) slowest_link = std::max(slowest_link, s.send_s);
   return replay(
       schedule_of(plan),
-      [&](int vs, bool forward) {
+      [&](int vs, Work work) {
         const StagePlan& s = plan.stages[static_cast<size_t>(vs % p)];
-        return (forward ? s.forward_s : s.backward_s) / v;
+        switch (work) {
+          case Work::kForward:
+            return s.forward_s / v;
+          case Work::kBackward:
+            return s.backward_s / v;
+          case Work::kInputGradient:
+            return (s.backward_s - s.weight_s) / v;
+          case Work::kWeightGradient:
+            return s.weight_s / v;
+        }
+        return 0.0;
       },
       [&](int vs) { return vs % p == p - 1 ? slowest_link : plan.stages[static_cast<size_t>(vs % p)].send_s; });
 }

@@ -10,9 +10,10 @@
 
 namespace h2 {
 
-// 6: recomputation of a stage's first blocks only (recompute_blocks); 5: stage boundaries inside blocks
-// (starts_at_mlp, ends_at_attention); 4: stages whose replicas mix chip types (groups); 3 to 5 still load.
-inline constexpr int kPlanVersion = 6;
+// 7: the weight gradients' part of each backward (weight_s); 6: recomputation of a stage's first blocks only
+// (recompute_blocks); 5: stage boundaries inside blocks (starts_at_mlp, ends_at_attention); 4: stages whose replicas
+// mix chip types (groups); 3 to 6 still load.
+inline constexpr int kPlanVersion = 7;
 
 // The replicas of one chip type in a stage whose replicas are of several types: each takes `rows` sequences of a
 // micro-batch (uneven shares, in proportion to the chips' speed), so the stage's replicas finish together.
@@ -25,6 +26,7 @@ struct ReplicaGroup {
   int recompute_blocks = -1;               // on its first this many blocks (a half counting as one); -1: all
   // Predictions for one replica of the group: seconds per micro-batch, bytes per device.
   double forward_s = 0, backward_s = 0;
+  double weight_s = 0;  // of backward_s, the weight gradients' products (a split backward's W)
   double memory_bytes = 0, capacity_bytes = 0;
 };
 
@@ -48,6 +50,9 @@ struct StagePlan {
   int in_flight = 1;  // micro-batches whose activations it holds at once under 1F1B
   // Predictions, seconds per micro-batch unless noted.
   double forward_s = 0, backward_s = 0;
+  // Of backward_s, the weight gradients' products (the group whose backward is slowest): what a split backward's W
+  // takes (schedule.h), its B the rest.
+  double weight_s = 0;
   double send_s = 0;  // activation to the next stage (and its gradient back); 0 on the last stage
   double dp_allreduce_s = 0, optimizer_s = 0;  // per step
   double tied_allreduce_s = 0;                 // per step, first and last stage: the tied embedding's gradient
@@ -125,6 +130,10 @@ std::vector<ChunkLayers> virtual_stages(const Plan& plan);  // per virtual stage
 // The plan's schedule replayed with its stages' times (schedule/replay.h): a rank's stage time split evenly over
 // its chunks, the boundary from the last rank back to the first (interleaving) at the slowest boundary's time.
 Schedule schedule_of(const Plan& plan);
+// Under zb-h1 (schedule.h), the W's each stage defers: ZB-H1's own (its index) where its memory holds that many
+// micro-batches more than 1F1B keeps in flight (capacity - memory_bytes over activation_bytes), fewer where not,
+// none where it recomputes (its W then follows its B at once, and what B recomputed is freed as under 1F1B).
+std::vector<int> zb_deferrals(const Plan& plan);
 ReplayResult replay_plan(const Plan& plan);
 
 // Error(kConfig) naming the field when a plan contradicts itself: micro-batches that do not make the global batch,

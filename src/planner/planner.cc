@@ -92,6 +92,13 @@ struct StageTerms {
     const BlockHalves redone = first_blocks(q, redo);
     return sum(redone, static_cast<int>(r)) + sum(q - redone, 0);
   }
+  // Of backward_s(q, ...) + extra_bwd_s, the weight gradients' part (CostModel::layer_weight_s): no recomputation.
+  double weight_s(const BlockHalves& q) const {
+    return static_cast<double>(q.whole) * times->layer_weight_s +
+           static_cast<double>(q.attention) * times->attention_weight_s +
+           static_cast<double>(q.mlp) * times->mlp_weight_s + (embedding ? times->embedding_weight_s : 0) +
+           (head ? times->head_weight_s : 0);
+  }
   // Bytes per device of the blocks in `q` on this chip type, the first `redo` recomputing under r, the rest none.
   double bytes(const BlockHalves& q, Recompute r, int64_t redo = -1) const {
     const auto sum = [&](const BlockHalves& part, int i) {
@@ -584,10 +591,11 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
                      .recompute_blocks = static_cast<int>(redo),
                      .forward_s = share.forward_s(q) + share.extra_fwd_s,
                      .backward_s = share.backward_s(q, recompute, redo) + share.extra_bwd_s,
+                     .weight_s = share.weight_s(q),
                      .memory_bytes = total,
                      .capacity_bytes = share.usable_bytes};
       st.forward_s = std::max(st.forward_s, g.forward_s);
-      st.backward_s = std::max(st.backward_s, g.backward_s);
+      if (g.backward_s > st.backward_s) st.backward_s = g.backward_s, st.weight_s = g.weight_s;
       if (g.forward_s + g.backward_s > slowest) {
         slowest = g.forward_s + g.backward_s;
         st.chip = g.chip;

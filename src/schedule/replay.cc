@@ -8,7 +8,7 @@
 
 namespace h2 {
 
-ReplayResult replay(const Schedule& schedule, const std::function<double(int, bool)>& compute_s,
+ReplayResult replay(const Schedule& schedule, const std::function<double(int, Work)>& compute_s,
                     const std::function<double(int)>& link_s) {
   if (const std::string deadlock = dry_run(schedule); !deadlock.empty()) {
     throw Error(ErrorCode::kInvalidArgument, deadlock);
@@ -18,7 +18,7 @@ ReplayResult replay(const Schedule& schedule, const std::function<double(int, bo
   // Arrival time at virtual stage vs of micro-batch j's activation (fwd) or gradient (bwd).
   std::vector<std::vector<double>> arrive_f(static_cast<size_t>(V),
                                             std::vector<double>(static_cast<size_t>(m), kUnknown));
-  std::vector<std::vector<double>> arrive_b = arrive_f, done_f = arrive_f;
+  std::vector<std::vector<double>> arrive_b = arrive_f, done_f = arrive_f, done_b = arrive_f;
   for (int j = 0; j < m; ++j) arrive_f[0][static_cast<size_t>(j)] = 0;
   std::vector<double> link_free_f(static_cast<size_t>(V), 0), link_free_b(static_cast<size_t>(V), 0);
   std::vector<size_t> pos(static_cast<size_t>(p), 0);
@@ -28,11 +28,15 @@ ReplayResult replay(const Schedule& schedule, const std::function<double(int, bo
   out.peak_in_flight.assign(static_cast<size_t>(p), 0);
   std::vector<int> in_flight(static_cast<size_t>(p), 0);
   const auto is_compute = [](const Action& a) {
-    return a.type == ActionType::kForward || a.type == ActionType::kBackward;
+    return a.type == ActionType::kForward || a.type == ActionType::kBackward || a.type == ActionType::kWeight;
   };
   size_t remaining = 0;
+  std::vector<bool> split(static_cast<size_t>(V), false);  // virtual stages whose backward is split into B and W
   for (const auto& list : schedule.actions) {
-    for (const Action& a : list) remaining += is_compute(a);
+    for (const Action& a : list) {
+      remaining += is_compute(a);
+      if (a.type == ActionType::kWeight) split[static_cast<size_t>(a.stage)] = true;
+    }
   }
   while (remaining > 0) {
     // The rank whose next compute action can start earliest.
@@ -47,6 +51,8 @@ ReplayResult replay(const Schedule& schedule, const std::function<double(int, bo
       double ready;
       if (a.type == ActionType::kForward) {
         ready = arrive_f[static_cast<size_t>(a.stage)][static_cast<size_t>(a.micro_batch)];
+      } else if (a.type == ActionType::kWeight) {
+        ready = done_b[static_cast<size_t>(a.stage)][static_cast<size_t>(a.micro_batch)];
       } else {
         const double own = done_f[static_cast<size_t>(a.stage)][static_cast<size_t>(a.micro_batch)];
         const double grad =
@@ -62,14 +68,20 @@ ReplayResult replay(const Schedule& schedule, const std::function<double(int, bo
     --remaining;
     const size_t vs = static_cast<size_t>(a.stage), j = static_cast<size_t>(a.micro_batch);
     const bool forward = a.type == ActionType::kForward;
-    const double end = pick_start + compute_s(a.stage, forward);
+    const Work work = forward                         ? Work::kForward
+                      : a.type == ActionType::kWeight ? Work::kWeightGradient
+                      : split[vs]                     ? Work::kInputGradient
+                                                      : Work::kBackward;
+    const double end = pick_start + compute_s(a.stage, work);
     out.finish[static_cast<size_t>(pick)] = end;
     out.busy[static_cast<size_t>(pick)] += end - pick_start;
     out.makespan = std::max(out.makespan, end);
     out.compute.push_back({pick, a, pick_start, end});
     int& live = in_flight[static_cast<size_t>(pick)];
-    live += forward ? 1 : -1;
+    live += forward ? 1 : work == Work::kBackward || work == Work::kWeightGradient ? -1 : 0;
     out.peak_in_flight[static_cast<size_t>(pick)] = std::max(out.peak_in_flight[static_cast<size_t>(pick)], live);
+    if (work == Work::kWeightGradient) continue;  // it sends nothing
+    if (!forward) done_b[vs][j] = end;
     if (forward) {
       done_f[vs][j] = end;
       if (a.stage + 1 < V) {  // the activation goes to the next virtual stage over its link

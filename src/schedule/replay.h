@@ -15,7 +15,7 @@ namespace h2 {
 
 struct ReplayEvent {
   int rank = 0;
-  Action action;  // a forward or backward
+  Action action;  // a forward, backward or W
   double start = 0, end = 0;
 };
 
@@ -31,13 +31,18 @@ struct ReplayResult {
   std::vector<LinkEvent> links;
   std::vector<double> finish;       // per rank: the end of its last compute action
   std::vector<double> busy;         // per rank: its compute time
-  std::vector<int> peak_in_flight;  // per rank: the most micro-batches it held at once (forward done, backward not)
-  double makespan = 0;              // the last compute action's end
+  std::vector<int> peak_in_flight;  // per rank: the most micro-batches it held at once (forward done, backward — or W,
+                                    // where the backward is split — not)
+  double makespan = 0;  // the last compute action's end
 };
 
-// `compute_s(virtual stage, forward)`: an action's duration; `link_s(boundary)`: a transfer's, each direction.
+// What a compute action computes: a forward, a whole backward, or one of a split backward's two parts (schedule.h:
+// B of a stage with W actions is its input gradient, W its weight gradients).
+enum class Work { kForward, kBackward, kInputGradient, kWeightGradient };
+
+// `compute_s(virtual stage, work)`: an action's duration; `link_s(boundary)`: a transfer's, each direction.
 // Throws Error(kInvalidArgument) with the dry run's grid when the schedule deadlocks.
-ReplayResult replay(const Schedule& schedule, const std::function<double(int stage, bool forward)>& compute_s,
+ReplayResult replay(const Schedule& schedule, const std::function<double(int stage, Work work)>& compute_s,
                     const std::function<double(int boundary)>& link_s);
 
 }  // namespace h2

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -25,7 +26,17 @@ constexpr Name kNames[] = {
     {ActionType::kOptim, "OPTIM", false},
     {ActionType::kForward, "F", true},
     {ActionType::kBackward, "B", true},
+    {ActionType::kWeight, "W", true},
 };
+
+// The stages of a rank's list whose backward is split (that have W actions).
+std::set<int> split_stages(const std::vector<Action>& list) {
+  std::set<int> out;
+  for (const Action& a : list) {
+    if (a.type == ActionType::kWeight) out.insert(a.stage);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -38,9 +49,10 @@ std::string Action::str() const {
 
 Action Action::parse(std::string_view text) {
   auto bad = [&] {
-    return Error(ErrorCode::kInvalidArgument,
-                 cat("'", text,
-                     "' is not a schedule action (expected e.g. 2F0, 2B0, 2SEND_F0, 2RECV_B3, 2REDUCE_GRAD, 2OPTIM)"));
+    return Error(
+        ErrorCode::kInvalidArgument,
+        cat("'", text,
+            "' is not a schedule action (expected e.g. 2F0, 2B0, 2W0, 2SEND_F0, 2RECV_B3, 2REDUCE_GRAD, 2OPTIM)"));
   };
   size_t i = 0;
   while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
@@ -120,15 +132,18 @@ const char* schedule_name(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kInterleaved:
       return "interleaved";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule_kind(const std::string& name) {
-  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved}) {
+  for (ScheduleKind k :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH1}) {
     if (name == schedule_name(k)) return k;
   }
-  throw Error(ErrorCode::kInvalidArgument, cat("unknown schedule '", name, "'; use gpipe, 1f1b or interleaved"));
+  throw Error(ErrorCode::kInvalidArgument, cat("unknown schedule '", name, "'; use gpipe, 1f1b, interleaved or zb-h1"));
 }
 
 Schedule make_schedule(ScheduleKind kind, int ranks, int chunks, int m) {
@@ -139,6 +154,8 @@ Schedule make_schedule(ScheduleKind kind, int ranks, int chunks, int m) {
       return schedule_1f1b(ranks, m);
     case ScheduleKind::kInterleaved:
       return schedule_interleaved(ranks, chunks, m);
+    case ScheduleKind::kZeroBubbleH1:
+      return schedule_zb_h1(ranks, m);
   }
   return schedule_1f1b(ranks, m);
 }
@@ -164,6 +181,35 @@ Schedule schedule_1f1b(int ranks, int m) {
       a.push_back({ActionType::kBackward, r, b++});
     }
     while (b < m) a.push_back({ActionType::kBackward, r, b++});
+  }
+  return s;
+}
+
+// 1F1B's order; after each B, the oldest pending W once more than the rank defers are pending, the rest at the end.
+Schedule schedule_zb_h1(int ranks, int m, const std::vector<int>& deferred) {
+  if (!deferred.empty() && deferred.size() != static_cast<size_t>(ranks)) {
+    throw Error(ErrorCode::kInvalidArgument, cat("zb-h1: ", deferred.size(), " deferrals for ", ranks, " ranks"));
+  }
+  Schedule s{ranks, ranks, m, std::vector<std::vector<Action>>(static_cast<size_t>(ranks))};
+  for (int r = 0; r < ranks; ++r) {
+    const int defer = deferred.empty() ? r : deferred[static_cast<size_t>(r)];
+    if (defer < 0 || defer > r) {
+      throw Error(ErrorCode::kInvalidArgument, cat("zb-h1: rank ", r, " defers ", defer, " W's; 0 to ", r));
+    }
+    auto& a = s.actions[static_cast<size_t>(r)];
+    const int warmup = std::min(ranks - r - 1, m);
+    int f = 0, b = 0, w = 0;
+    const auto backward = [&] {
+      a.push_back({ActionType::kBackward, r, b++});
+      if (b - w > defer) a.push_back({ActionType::kWeight, r, w++});
+    };
+    for (; f < warmup; ++f) a.push_back({ActionType::kForward, r, f});
+    while (f < m) {
+      a.push_back({ActionType::kForward, r, f++});
+      backward();
+    }
+    while (b < m) backward();
+    while (w < m) a.push_back({ActionType::kWeight, r, w++});
   }
   return s;
 }
@@ -223,9 +269,12 @@ Schedule lower_communication(const Schedule& in) {
 Schedule add_gradient_reduction(const Schedule& in) {
   Schedule out = in;
   for (auto& list : out.actions) {
-    std::map<int, size_t> last_backward;  // stage -> index of its last backward on this rank
+    // stage -> index of its last backward on this rank, or of its last W where the backward is split
+    std::map<int, size_t> last_backward;
+    const std::set<int> split = split_stages(list);
     for (size_t i = 0; i < list.size(); ++i) {
-      if (list[i].type == ActionType::kBackward) last_backward[list[i].stage] = i;
+      const ActionType completes = split.count(list[i].stage) ? ActionType::kWeight : ActionType::kBackward;
+      if (list[i].type == completes) last_backward[list[i].stage] = i;
     }
     std::vector<Action> lowered;
     for (size_t i = 0; i < list.size(); ++i) {
@@ -237,8 +286,7 @@ Schedule add_gradient_reduction(const Schedule& in) {
       if (last == last_backward.end()) continue;
       const bool send_follows =
           i + 1 < list.size() && list[i + 1].type == ActionType::kSendB && list[i + 1].stage == a.stage;
-      if ((a.type == ActionType::kBackward && last->second == i && !send_follows) ||
-          (a.type == ActionType::kSendB && last->second + 1 == i)) {
+      if ((last->second == i && !send_follows) || (a.type == ActionType::kSendB && last->second + 1 == i)) {
         lowered.push_back({ActionType::kReduceGrad, a.stage, -1});
       }
     }
@@ -249,16 +297,49 @@ Schedule add_gradient_reduction(const Schedule& in) {
 }
 
 int max_in_flight(const Schedule& s, int rank, int stage) {
+  const auto& list = s.actions[static_cast<size_t>(rank)];
+  const std::set<int> split = split_stages(list);  // their micro-batches are held until their W
   int live = 0, peak = 0;
-  for (const Action& a : s.actions[static_cast<size_t>(rank)]) {
+  for (const Action& a : list) {
     if (stage >= 0 && a.stage != stage) continue;
     if (a.type == ActionType::kForward) peak = std::max(peak, ++live);
-    if (a.type == ActionType::kBackward) --live;
+    const ActionType releases = split.count(a.stage) ? ActionType::kWeight : ActionType::kBackward;
+    if (a.type == releases) --live;
   }
   return peak;
 }
 
+namespace {
+
+// "" when each stage of the schedule either never splits its backward or has one W for each of its B's.
+std::string check_split(const Schedule& s) {
+  std::map<int, std::map<int, int>> b_count, w_count;  // stage -> micro-batch -> actions
+  for (const auto& list : s.actions) {
+    for (const Action& a : list) {
+      if (a.type == ActionType::kBackward) ++b_count[a.stage][a.micro_batch];
+      if (a.type == ActionType::kWeight) ++w_count[a.stage][a.micro_batch];
+    }
+  }
+  for (const auto& [stage, ws] : w_count) {
+    for (const auto& [j, n] : ws) {
+      if (n != 1 || b_count[stage][j] != 1) {
+        return cat("stage ", stage, " splits its backward: micro-batch ", j, " has ", b_count[stage][j], " B and ", n,
+                   " W (one each)");
+      }
+    }
+    for (const auto& [j, n] : b_count[stage]) {
+      if (!ws.count(j))
+        return cat("stage ", stage, " splits its backward but ", Action{ActionType::kBackward, stage, j}.str(),
+                   " has no W");
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string dry_run(const Schedule& s) {
+  if (std::string bad = check_split(s); !bad.empty()) return bad;
   std::map<std::pair<int, int>, bool> f_done, b_done;  // (stage, micro-batch)
   std::map<std::pair<int, int>, bool> sent_f, sent_b;  // SEND_F / SEND_B executed
   std::vector<size_t> pos(static_cast<size_t>(s.ranks), 0);
@@ -270,6 +351,7 @@ std::string dry_run(const Schedule& s) {
     if (a.type == ActionType::kBackward) {
       return f_done[{a.stage, a.micro_batch}] && (a.stage == s.stages - 1 || b_done[{a.stage + 1, a.micro_batch}]);
     }
+    if (a.type == ActionType::kWeight) return b_done[{a.stage, a.micro_batch}];
     if (a.type == ActionType::kRecvF) return sent_f[{a.stage - 1, a.micro_batch}];
     if (a.type == ActionType::kRecvB) return sent_b[{a.stage + 1, a.micro_batch}];
     return true;  // sends are eager; REDUCE_GRAD and OPTIM do not block the dry run

@@ -2,8 +2,11 @@
 // ordered list of actions. An action prints and parses as text — "2F0" is stage 2's forward of micro-batch 0,
 // "2B0" its backward, "2SEND_F0"/"2RECV_F0" move micro-batch 0's activation, "2SEND_B0"/"2RECV_B0" its
 // gradient, "2REDUCE_GRAD" reduces stage 2's gradients over its data-parallel group, "2OPTIM" steps its
-// optimizer. Stages are virtual: with interleaving, rank r runs stages r, r + ranks, r + 2 ranks, ...
-// Generators and lowering passes are pure functions; dry_run() checks a schedule for deadlock without devices.
+// optimizer. A schedule may split a stage's backward in two (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+// 2024): then "2B0" computes only the input gradient (what stage 1 waits for) and "2W0" the weight gradients,
+// any time after it on the same rank; a stage with W actions has one for each of its backwards. Stages are virtual:
+// with interleaving, rank r runs stages r, r + ranks, r + 2 ranks, ... Generators and lowering passes are pure
+// functions; dry_run() checks a schedule for deadlock without devices.
 #pragma once
 
 #include <string>
@@ -12,7 +15,7 @@
 
 namespace h2 {
 
-enum class ActionType { kForward, kBackward, kSendF, kRecvF, kSendB, kRecvB, kReduceGrad, kOptim };
+enum class ActionType { kForward, kBackward, kWeight, kSendF, kRecvF, kSendB, kRecvB, kReduceGrad, kOptim };
 
 struct Action {
   ActionType type;
@@ -37,8 +40,8 @@ struct Schedule {
   static Schedule parse_csv(std::string_view text, int ranks, int stages, int micro_batches);
 };
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved };
-const char* schedule_name(ScheduleKind kind);               // "gpipe", "1f1b", "interleaved"
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved, kZeroBubbleH1 };
+const char* schedule_name(ScheduleKind kind);               // "gpipe", "1f1b", "interleaved", "zb-h1"
 ScheduleKind parse_schedule_kind(const std::string& name);  // the same names; Error(kInvalidArgument) for others
 // The generator of `kind` (chunks: virtual stages per rank, interleaved only).
 Schedule make_schedule(ScheduleKind kind, int ranks, int chunks, int micro_batches);
@@ -51,23 +54,31 @@ Schedule schedule_1f1b(int ranks, int micro_batches);
 // Interleaved 1F1B (Narayanan et al. 2021): each rank runs `chunks` virtual stages; micro_batches must be a
 // multiple of ranks.
 Schedule schedule_interleaved(int ranks, int chunks, int micro_batches);
+// ZB-H1 (Qi et al. 2024, section 2.1): 1F1B's order with each backward split into B and W, rank r deferring its
+// first r W's so that its B's, which the ranks before it wait for, start as early as they can; the deferred W's fill
+// the drain. Each rank then holds a micro-batch from its F to its W, min(ranks, m) at most, where 1F1B's rank r
+// holds ranks - r. With F, B and W of one duration its idle time is (ranks - 1)(F + B - W), against 1F1B's
+// (ranks - 1)(F + B + W). `deferred` (one per rank, each 0..r) defers fewer where memory is short: with 0 a rank
+// runs each W right after its B and holds what 1F1B holds.
+Schedule schedule_zb_h1(int ranks, int micro_batches, const std::vector<int>& deferred = {});
 
 // Lowering pass: around each compute action, the communication it needs — RECV_F before a forward and SEND_F
 // after it (except at the first and last stage), RECV_B before a backward and SEND_B after it (except at the
 // last and first stage). Neighbouring stages on the same rank (never, unless ranks = 1) exchange nothing.
 Schedule lower_communication(const Schedule& schedule);
-// Lowering pass: REDUCE_GRAD for each stage right after its last backward on the rank, then OPTIM for each of
-// the rank's stages at the end.
+// Lowering pass: REDUCE_GRAD for each stage right after its gradients are complete on the rank (its last backward,
+// or its last W where the backward is split), then OPTIM for each of the rank's stages at the end.
 Schedule add_gradient_reduction(const Schedule& schedule);
 
-// The most micro-batches rank `rank` holds at once under `schedule` (forwards run whose backward has not): the
-// activation memory a stage needs. 1F1B: min(ranks - rank, micro-batches); GPipe: all of them. With `stage`
-// (interleaved: one of the rank's virtual stages), that stage's alone; -1: all of the rank's.
+// The most micro-batches rank `rank` holds at once under `schedule` (forwards run whose backward — or, split, whose
+// W — has not): the activation memory a stage needs. 1F1B: min(ranks - rank, micro-batches); GPipe: all of them. With
+// `stage` (interleaved: one of the rank's virtual stages), that stage's alone; -1: all of the rank's.
 int max_in_flight(const Schedule& schedule, int rank, int stage = -1);
 
 // Runs the compute actions in dependency order (F of stage s needs F of s - 1; B of s needs F of s and B of
-// s + 1) with unit time, ignoring SEND/RECV. Returns "" when the schedule completes, else a description of
-// the deadlock with the step x rank grid, the stuck cell of each rank marked with '*'.
+// s + 1; W of s needs B of s) with unit time, ignoring SEND/RECV. Returns "" when the schedule completes, else a
+// description of the deadlock with the step x rank grid, the stuck cell of each rank marked with '*', or of a
+// stage whose backward is split for some micro-batches and not others (a B without its W, or a W twice).
 std::string dry_run(const Schedule& schedule);
 
 }  // namespace h2

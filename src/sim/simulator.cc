@@ -62,6 +62,8 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
     // plus a micro-batch's activations from its forward to its backward (interleaved: the chunks' average; a
     // chunk's share of the stage's when replayed with more chunks than the plan was costed for), at the most the
     // replay held at once.
+    // Split (zb-h1), a micro-batch is held from its F to its W (zb_deferrals keeps what a recomputing stage's B
+    // recomputed from lingering).
     const double activations = s.activation_bytes * given.chunks / v;
     result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes + r.peak_in_flight[k] * activations);
     result.capacity_bytes.push_back(s.capacity_bytes);
@@ -94,6 +96,9 @@ std::string format_simulation(const Plan& plan, const SimResult& r, const std::s
                   format_seconds(r.busy_s[i]).c_str(), 100 * r.busy_s[i] / r.step_s,
                   format_bytes(r.peak_memory_bytes[i]).c_str(), format_bytes(r.capacity_bytes[i]).c_str(),
                   r.peak_memory_bytes[i] > r.capacity_bytes[i] ? "  OVER CAPACITY" : "");
+  }
+  if (schedule == schedule_name(ScheduleKind::kZeroBubbleH1)) {
+    out += "zb-h1 is a what-if: h2 train does not split a backward into B and W, nor does the planner search it\n";
   }
   return out;
 }

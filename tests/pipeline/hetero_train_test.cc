@@ -311,6 +311,9 @@ TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
   plan.schedule = ScheduleKind::kGPipe;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
               HasSubstr("schedule gpipe: h2 train runs 1F1B and interleaved 1F1B"));
+  plan.schedule = ScheduleKind::kZeroBubbleH1;
+  EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
+              HasSubstr("schedule zb-h1: h2 train runs 1F1B and interleaved 1F1B"));
   plan.schedule = ScheduleKind::kInterleaved;
   plan.chunks = 2;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),

@@ -516,6 +516,35 @@ TEST(CostModel, MatchesClosedForms) {
   EXPECT_NEAR(costs.transfer_s(0, 1, 2, 2, 1), 10e-6 + bytes / 10e9 + bytes / 2 / 80e9 + 2e-6, 1e-12);
 }
 
+// A split backward's W (schedule.h) runs one of each GEMM backward's two products (dW = X^T dY, the FLOPs of dX):
+// on X at TP 1, b = 1 (T 1024, C 2048, F 8192), the block's four GEMMs' forward FLOPs — c_attn 25,769,803,776,
+// attn.c_proj 8,589,934,592, c_fc and mlp.c_proj 34,359,738,368 each: 103,079,215,104 — at 50 TFLOP/s, plus half of
+// each backward kernel's 5 us; the head's logits 2 x 1024 x 2048 x 32000 the same way. The embedding's backward is
+// all weight gradient, and a plan's stage carries the sum of its pieces'.
+TEST(CostModel, AWeightGradientIsOneOfEachGemmBackwardsTwoProducts) {
+  const CostModel costs(cluster_of(kSmallCluster), small_model(4), TrainSetup{.global_batch = 8, .zero1 = false});
+  EXPECT_NEAR(costs.layer_weight_s(0, 1, 1), 103'079'215'104.0 / 50e12 + 4 * 2.5e-6, 1e-12);
+  EXPECT_NEAR(costs.head_weight_s(0, 1, 1), 134'217'728'000.0 / 50e12 + 2.5e-6, 1e-12);
+  EXPECT_NEAR(costs.layer_weight_s(0, 1, 1, BlockPart::kAttention) + costs.layer_weight_s(0, 1, 1, BlockPart::kMlp),
+              costs.layer_weight_s(0, 1, 1), 1e-12);
+  EXPECT_LT(costs.layer_weight_s(0, 1, 1), costs.layer_backward_s(0, 1, 1, Recompute::kNone) / 2);
+  const CostModel::PieceTimes& t = costs.piece_times(1, 2, 1);
+  EXPECT_DOUBLE_EQ(t.embedding_weight_s, t.embedding_backward_s);
+  const Plan plan = plan_training(costs, PlannerOptions{});
+  for (const StagePlan& st : plan.stages) {
+    ASSERT_TRUE(st.groups.empty());
+    const CostModel::PieceTimes& p = costs.piece_times(st.chip_index, st.tp, plan.dp * plan.micro_batch / st.dp);
+    const double whole = st.layers - st.starts_at_mlp - st.ends_at_attention;
+    EXPECT_NEAR(st.weight_s,
+                whole * p.layer_weight_s + st.starts_at_mlp * p.mlp_weight_s +
+                    st.ends_at_attention * p.attention_weight_s + st.embedding * p.embedding_weight_s +
+                    st.head * p.head_weight_s,
+                1e-12)
+        << st.chip;
+    EXPECT_LT(st.weight_s, st.backward_s);
+  }
+}
+
 // The head alone on chips too small to hold it beside a layer. The local emulated cluster as it was until 2026-12-04,
 // in bf16 as H2's runtime holds it (18 bytes per parameter): the fast chips (0.15 GiB) hold half the 50,257 x 256 table
 // and its logits (136.6 MiB of 145.9 usable) but not one block more, so every layout ending on them fails its split
@@ -842,6 +871,9 @@ TEST(Layout, FileErrorsNameTheFieldAndALayoutThatDoesNotFitSaysSo) {
                   },
                   ErrorCode::kConfig),
               HasSubstr("interleaved stages hold whole blocks"));
+  EXPECT_THAT(
+      error_of([&] { load("schedule: zb-h1\nstages:\n  - {chip: Y, tp: 2, layers: 6}\n"); }, ErrorCode::kConfig),
+      HasSubstr("field 'schedule': zb-h1 is for now a what-if of the simulator"));
   // All six layers on the 2 GiB chip X: costed anyway, and said not to fit.
   const Plan over = cost_layout(costs, load("stages:\n  - {chip: X, tp: 2, layers: 6, recompute: none}\n"));
   EXPECT_FALSE(over.fits);
@@ -1016,10 +1048,10 @@ TEST(Plan, AStageBoundaryInsideABlockRoundTripsAndIsChecked) {
   EXPECT_EQ(back.to_json(), plan.to_json());
   EXPECT_TRUE(back.stages[0].ends_at_attention);
   EXPECT_TRUE(back.stages[1].starts_at_mlp);
-  EXPECT_NE(plan.to_json().find("\"version\": 6"), std::string::npos);
+  EXPECT_NE(plan.to_json().find("\"version\": 7"), std::string::npos);
   const Plan whole = plan_training(costs, PlannerOptions{.split_blocks = false});
   std::string v4 = whole.to_json();
-  v4.replace(v4.find("\"version\": 6"), 12, "\"version\": 4");
+  v4.replace(v4.find("\"version\": 7"), 12, "\"version\": 4");
   EXPECT_EQ(Plan::from_json(v4, "p.json").stages.size(), whole.stages.size());
   const auto refused = [](Plan p) { return error_of([&] { check_plan(p, "p.json"); }, ErrorCode::kConfig); };
   Plan gap = plan;
@@ -1061,8 +1093,23 @@ TEST(Plan, JsonRoundTripAndVersion) {
   some.chunks = 2;
   some.schedule = ScheduleKind::kInterleaved;
   EXPECT_THAT(refused(some), HasSubstr("recomputing only some blocks is for stages of one chunk"));
+  // The weight gradients' part of each backward (version 7): back as written; a plan before it reads 0, which only
+  // zb-h1, the schedule that splits a backward there, refuses.
+  ASSERT_GT(plan.stages[0].weight_s, 0);
+  EXPECT_DOUBLE_EQ(back.stages[0].weight_s, plan.stages[0].weight_s);
+  std::string v6 = plan.to_json();
+  v6.replace(v6.find("\"version\": 7"), 12, "\"version\": 6");
+  for (size_t at; (at = v6.find("\"weight_s\": ")) != std::string::npos;) v6.erase(at, v6.find(',', at) + 1 - at);
+  Plan older = Plan::from_json(v6, "p.json");
+  EXPECT_EQ(older.stages[0].weight_s, 0);
+  older.schedule = ScheduleKind::kZeroBubbleH1;
+  EXPECT_THAT(refused(older), HasSubstr("field 'stages[0].weight_s': zb-h1 splits each backward at its weight "
+                                        "gradients, and this plan (version 6) does not say how long they take"));
+  Plan over = plan;
+  over.stages[0].weight_s = over.stages[0].backward_s * 1.01;
+  EXPECT_THAT(refused(over), HasSubstr("field 'stages[0].weight_s': must be in [0, backward_s = "));
   std::string text = plan.to_json();
-  text.replace(text.find("\"version\": 6"), 12, "\"version\": 9");
+  text.replace(text.find("\"version\": 7"), 12, "\"version\": 9");
   EXPECT_THAT(error_of([&] { Plan::from_json(text, "p.json"); }, ErrorCode::kConfig),
               HasSubstr("p.json: plan version 9"));
   EXPECT_THAT(error_of([&] { Plan::from_json("{\"format\": \"h2-plan\"}", "p.json"); }, ErrorCode::kConfig),

@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "schedule/replay.h"
 #include "test_util.h"
 
 namespace h2 {
@@ -11,7 +12,8 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(Action, PrintsAndParses) {
-  for (const char* text : {"2F0", "0B13", "3SEND_F7", "1RECV_F0", "4SEND_B2", "0RECV_B11", "2REDUCE_GRAD", "5OPTIM"}) {
+  for (const char* text :
+       {"2F0", "0B13", "1W4", "3SEND_F7", "1RECV_F0", "4SEND_B2", "0RECV_B11", "2REDUCE_GRAD", "5OPTIM"}) {
     EXPECT_EQ(Action::parse(text).str(), text);
   }
   EXPECT_EQ(Action::parse("2F0"), (Action{ActionType::kForward, 2, 0}));
@@ -129,6 +131,103 @@ TEST(Schedule, MicroBatchesInFlight) {
   EXPECT_EQ(max_in_flight(two, 0), 5);
   EXPECT_EQ(max_in_flight(two, 1, 1), 3);
   EXPECT_EQ(max_in_flight(two, 1, 3), 1);
+}
+
+// ZB-H1 splits every backward into B and W, each exactly once and W after its B on the same rank; rank r defers up
+// to r W's (or what it is given), and so holds up to min(p, m) micro-batches from F to W where 1F1B holds p - r.
+TEST(Generators, ZeroBubbleH1SplitsEveryBackward) {
+  for (int p : {1, 2, 4}) {
+    for (int m : {1, 3, 8}) {
+      const Schedule s = schedule_zb_h1(p, m);
+      EXPECT_EQ(dry_run(s), "") << p << " ranks, " << m << " micro-batches";
+      const Schedule none = schedule_zb_h1(p, m, std::vector<int>(static_cast<size_t>(p), 0));
+      for (int r = 0; r < p; ++r) {
+        std::map<int, std::string> order;  // micro-batch -> its actions' letters in the rank's order
+        int live = 0, peak = 0;
+        for (const Action& a : s.actions[static_cast<size_t>(r)]) {
+          EXPECT_EQ(a.stage, r);
+          order[a.micro_batch] += a.str().substr(std::to_string(r).size(), 1);
+          if (a.type == ActionType::kForward) peak = std::max(peak, ++live);
+          if (a.type == ActionType::kWeight) --live;
+        }
+        EXPECT_EQ(order.size(), static_cast<size_t>(m));
+        for (const auto& [j, letters] : order) EXPECT_EQ(letters, "FBW") << "rank " << r << ", micro-batch " << j;
+        EXPECT_EQ(peak, std::min(p, m)) << "rank " << r;
+        EXPECT_EQ(max_in_flight(s, r), peak);
+        // Deferring none, each W follows its B at once: 1F1B's micro-batches in flight.
+        EXPECT_EQ(max_in_flight(none, r), std::min(p - r, m)) << "rank " << r;
+      }
+    }
+  }
+  // Rank 1 of two, written out: it defers one W, so micro-batch 0's waits until after micro-batch 1's B.
+  const Schedule two = schedule_zb_h1(2, 3);
+  std::string rank1;
+  for (const Action& a : two.actions[1]) rank1 += a.str() + " ";
+  EXPECT_EQ(rank1, "1F0 1B0 1F1 1B1 1W0 1F2 1B2 1W1 1W2 ");
+  EXPECT_THAT(testing_util::error_of(
+                  [] {
+                    schedule_zb_h1(3, 4, {0, 2, 1});
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("rank 1 defers 2 W's; 0 to 1"));
+  EXPECT_THAT(testing_util::error_of(
+                  [] {
+                    schedule_zb_h1(3, 4, {0, 1});
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("2 deferrals for 3 ranks"));
+}
+
+// A split backward needs one W for each of its B's, after it; the reduction waits for the last W.
+TEST(DryRun, ChecksASplitBackward) {
+  EXPECT_THAT(dry_run(Schedule::parse_csv("0,0F0,0B0,0W0,0F1,0B1\n", 1, 1, 2)), HasSubstr("0B1 has no W"));
+  EXPECT_THAT(dry_run(Schedule::parse_csv("0,0F0,0B0,0W0,0W0\n", 1, 1, 1)), HasSubstr("1 B and 2 W"));
+  EXPECT_THAT(dry_run(Schedule::parse_csv("0,0F0,0W0,0B0\n", 1, 1, 1)), HasSubstr("0W0*"));
+  const Schedule s = add_gradient_reduction(lower_communication(schedule_zb_h1(2, 2)));
+  EXPECT_EQ(dry_run(s), "");
+  std::string rank0, rank1;
+  for (const Action& a : s.actions[0]) rank0 += a.str() + " ";
+  for (const Action& a : s.actions[1]) rank1 += a.str() + " ";
+  EXPECT_EQ(rank0, "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0W0 0RECV_B1 0B1 0W1 0REDUCE_GRAD 0OPTIM ");
+  EXPECT_EQ(rank1, "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1 1W0 1W1 1REDUCE_GRAD 1OPTIM ");
+}
+
+// The replay against times worked out by hand: two ranks, two micro-batches, F = 1, B = 2, W = 1 (a whole
+// backward 3), no link time.
+//   1F1B   rank 0: F0 0-1, F1 1-2, B0 5-8 (after rank 1's B0, 2-5), B1 9-12 (after rank 1's B1, 6-9)  -> 12
+//   ZB-H1  rank 1: F0 1-2, B0 2-4, F1 4-5, B1 5-7, W0 7-8, W1 8-9
+//          rank 0: F0 0-1, F1 1-2, B0 4-6, W0 6-7, B1 7-9, W1 9-10                                   -> 10
+TEST(Replay, SplitBackwardByHand) {
+  std::map<Work, int> asked;
+  const auto compute = [&](int, Work w) {
+    ++asked[w];
+    return w == Work::kForward ? 1.0 : w == Work::kBackward ? 3.0 : w == Work::kInputGradient ? 2.0 : 1.0;
+  };
+  const auto link = [](int) { return 0.0; };
+  EXPECT_DOUBLE_EQ(replay(schedule_1f1b(2, 2), compute, link).makespan, 12.0);
+  EXPECT_EQ(asked[Work::kBackward], 4);
+  const ReplayResult zb = replay(schedule_zb_h1(2, 2), compute, link);
+  EXPECT_DOUBLE_EQ(zb.makespan, 10.0);
+  EXPECT_EQ(asked[Work::kInputGradient], 4);
+  EXPECT_EQ(asked[Work::kWeightGradient], 4);
+  EXPECT_DOUBLE_EQ(zb.finish[1], 9.0);
+  EXPECT_DOUBLE_EQ(zb.busy[0], 2 * (1 + 2 + 1));
+  EXPECT_EQ(zb.peak_in_flight[0], 2);
+  EXPECT_EQ(zb.peak_in_flight[1], 2);  // micro-batch 0 held to its W, after micro-batch 1's B
+}
+
+// The paper's bubble (Qi et al. 2024, section 2.1): with F = B = W, each rank idles (p - 1)(F + B - W) under ZB-H1,
+// a third of 1F1B's (p - 1)(F + B + W), so the makespans are m (F + B + W) plus those.
+TEST(Replay, ZeroBubbleH1IdlesAThirdOf1F1B) {
+  const auto link = [](int) { return 0.0; };
+  for (auto [p, m] : {std::pair{2, 4}, {4, 8}, {4, 16}, {8, 24}}) {
+    const auto one = replay(
+        schedule_1f1b(p, m), [](int, Work w) { return w == Work::kForward ? 1.0 : 2.0; }, link);
+    const auto zb = replay(
+        schedule_zb_h1(p, m), [](int, Work) { return 1.0; }, link);
+    EXPECT_DOUBLE_EQ(one.makespan, 3.0 * m + 3.0 * (p - 1)) << p << " ranks, " << m << " micro-batches";
+    EXPECT_DOUBLE_EQ(zb.makespan, 3.0 * m + 1.0 * (p - 1)) << p << " ranks, " << m << " micro-batches";
+  }
 }
 
 }  // namespace

@@ -233,6 +233,7 @@ TEST(Calibrate, AStageWithoutBlocksDoesNotFitItsChipsCompute) {
   Plan faster = plan;
   faster.stages[0].forward_s *= 0.5;
   faster.stages[0].backward_s *= 0.5;
+  faster.stages[0].weight_s *= 0.5;
   const MeasuredRun measured = read_measured_run(synthetic_trace(faster), plan, simulate(faster).step_s, "synthetic");
   const Calibration c = calibrate(plan, start, measured);
   EXPECT_EQ(c.cluster.chips[1].peak_tflops, start.chips[1].peak_tflops);
@@ -278,6 +279,7 @@ TEST(Calibrate, AProfiledChipsSlowerRunIsItsPerKernelCost) {
     const Plan truth_plan = costed(truth, stages, {2, 2});
     run.stages[0].forward_s = truth_plan.stages[0].forward_s;
     run.stages[0].backward_s = truth_plan.stages[0].backward_s;
+    run.stages[0].weight_s = truth_plan.stages[0].weight_s;
     return read_measured_run(synthetic_trace(run), plan, simulate(run).step_s, "synthetic");
   };
   Cluster slower = start;

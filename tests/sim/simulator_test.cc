@@ -15,6 +15,7 @@
 namespace h2 {
 namespace {
 
+using ::testing::HasSubstr;
 using testing_util::cluster_of;
 using testing_util::Hetero1024;
 using testing_util::kSmallCluster;
@@ -81,6 +82,33 @@ TEST(Simulator, InterleavingShrinksTheBubble) {
   const SimResult inter = simulate(plan, SimOptions{.schedule = ScheduleKind::kInterleaved, .chunks = 2});
   EXPECT_LT(inter.bubble_fraction, one.bubble_fraction);
   EXPECT_LT(inter.pipeline_s, one.pipeline_s);
+}
+
+// ZB-H1 as a what-if (F 1, B 1, W 1 of a backward of 2): each stage defers as many W's as its memory holds beside
+// 1F1B's micro-batches in flight, at most its index. With room everywhere it is the paper's schedule, 27 s against
+// 1F1B's 33 for 4 stages and 8 micro-batches (Replay.ZeroBubbleH1IdlesAThirdOf1F1B), every stage holding 4.
+// Capacity 125 on the last stage (1F1B: 100 + 1 x 10) holds one micro-batch more, not three; a recomputing stage
+// defers none (what its B recomputed would wait for the W).
+TEST(Simulator, ZeroBubbleH1DefersWhatMemoryHolds) {
+  Plan plan = uniform_plan(4, 8, 1.0, 2.0);
+  for (StagePlan& s : plan.stages) s.weight_s = 1.0;
+  const SimOptions zb{.schedule = ScheduleKind::kZeroBubbleH1};
+  const SimResult roomy = simulate(plan, zb);
+  EXPECT_DOUBLE_EQ(roomy.pipeline_s, 27.0);
+  EXPECT_DOUBLE_EQ(simulate(plan, SimOptions{}).pipeline_s, 33.0);
+  for (double peak : roomy.peak_memory_bytes) EXPECT_DOUBLE_EQ(peak, 100 + 4 * 10);
+  EXPECT_TRUE(roomy.fits());
+  EXPECT_THAT(format_simulation(plan, roomy, "zb-h1"), HasSubstr("zb-h1 is a what-if: h2 train does not split"));
+  plan.stages[3].capacity_bytes = 125;
+  plan.stages[2].recompute = Recompute::kSelective;
+  plan.schedule = ScheduleKind::kZeroBubbleH1;
+  EXPECT_EQ(zb_deferrals(plan), (std::vector<int>{0, 1, 0, 1}));
+  const SimResult tight = simulate(plan, zb);
+  EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[3], 100 + 2 * 10);
+  EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[2], 100 + 2 * 10);  // 1F1B's 4 - 2
+  EXPECT_TRUE(tight.fits());
+  EXPECT_GT(tight.pipeline_s, roomy.pipeline_s);
+  EXPECT_LT(tight.pipeline_s, 33.0);
 }
 
 TEST(Simulator, LinksAndReductionsAddTheirTime) {
