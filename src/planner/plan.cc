@@ -481,7 +481,7 @@ std::vector<int> zb_deferrals(const Plan& plan) {
     const int fits = room > 0 ? static_cast<int>(std::min<double>(std::floor(room), static_cast<double>(i))) : 0;
     bool recomputes = false;  // any of its replicas' chip types
     for (const ReplicaGroup& g : s.replica_groups()) recomputes = recomputes || g.recompute != Recompute::kNone;
-    out.push_back(recomputes ? 0 : fits);
+    out.push_back(recomputes ? -1 : fits);
   }
   return out;
 }

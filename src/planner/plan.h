@@ -131,8 +131,9 @@ std::vector<ChunkLayers> virtual_stages(const Plan& plan);  // per virtual stage
 // its chunks, the boundary from the last rank back to the first (interleaving) at the slowest boundary's time.
 Schedule schedule_of(const Plan& plan);
 // Under zb-h1 (schedule.h), the W's each stage defers: ZB-H1's own (its index) where its memory holds that many
-// micro-batches more than 1F1B keeps in flight (capacity - memory_bytes over activation_bytes), fewer where not,
-// none where it recomputes (its W then follows its B at once, and what B recomputed is freed as under 1F1B).
+// micro-batches more than 1F1B keeps in flight (capacity - memory_bytes over activation_bytes), fewer where not;
+// -1, not split, where it recomputes: its backward recomputes block after block into one buffer (model/gpt.h), which
+// a later W could no longer read.
 std::vector<int> zb_deferrals(const Plan& plan);
 ReplayResult replay_plan(const Plan& plan);
 

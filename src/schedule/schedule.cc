@@ -193,15 +193,16 @@ Schedule schedule_zb_h1(int ranks, int m, const std::vector<int>& deferred) {
   Schedule s{ranks, ranks, m, std::vector<std::vector<Action>>(static_cast<size_t>(ranks))};
   for (int r = 0; r < ranks; ++r) {
     const int defer = deferred.empty() ? r : deferred[static_cast<size_t>(r)];
-    if (defer < 0 || defer > r) {
-      throw Error(ErrorCode::kInvalidArgument, cat("zb-h1: rank ", r, " defers ", defer, " W's; 0 to ", r));
+    if (defer < -1 || defer > r) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  cat("zb-h1: rank ", r, " defers ", defer, " W's; 0 to ", r, ", or -1 not to split"));
     }
     auto& a = s.actions[static_cast<size_t>(r)];
     const int warmup = std::min(ranks - r - 1, m);
     int f = 0, b = 0, w = 0;
     const auto backward = [&] {
       a.push_back({ActionType::kBackward, r, b++});
-      if (b - w > defer) a.push_back({ActionType::kWeight, r, w++});
+      if (defer >= 0 && b - w > defer) a.push_back({ActionType::kWeight, r, w++});
     };
     for (; f < warmup; ++f) a.push_back({ActionType::kForward, r, f});
     while (f < m) {
@@ -209,7 +210,7 @@ Schedule schedule_zb_h1(int ranks, int m, const std::vector<int>& deferred) {
       backward();
     }
     while (b < m) backward();
-    while (w < m) a.push_back({ActionType::kWeight, r, w++});
+    while (defer >= 0 && w < m) a.push_back({ActionType::kWeight, r, w++});
   }
   return s;
 }

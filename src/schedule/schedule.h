@@ -58,8 +58,8 @@ Schedule schedule_interleaved(int ranks, int chunks, int micro_batches);
 // first r W's so that its B's, which the ranks before it wait for, start as early as they can; the deferred W's fill
 // the drain. Each rank then holds a micro-batch from its F to its W, min(ranks, m) at most, where 1F1B's rank r
 // holds ranks - r. With F, B and W of one duration its idle time is (ranks - 1)(F + B - W), against 1F1B's
-// (ranks - 1)(F + B + W). `deferred` (one per rank, each 0..r) defers fewer where memory is short: with 0 a rank
-// runs each W right after its B and holds what 1F1B holds.
+// (ranks - 1)(F + B + W). `deferred` (one per rank, each -1..r) defers fewer where memory is short: with 0 a rank
+// runs each W right after its B and holds what 1F1B holds; with -1 it does not split its backward (1F1B's order).
 Schedule schedule_zb_h1(int ranks, int micro_batches, const std::vector<int>& deferred = {});
 
 // Lowering pass: around each compute action, the communication it needs — RECV_F before a forward and SEND_F

@@ -62,8 +62,7 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
     // plus a micro-batch's activations from its forward to its backward (interleaved: the chunks' average; a
     // chunk's share of the stage's when replayed with more chunks than the plan was costed for), at the most the
     // replay held at once.
-    // Split (zb-h1), a micro-batch is held from its F to its W (zb_deferrals keeps what a recomputing stage's B
-    // recomputed from lingering).
+    // Split (zb-h1), a micro-batch is held from its F to its W (a recomputing stage is not split: zb_deferrals).
     const double activations = s.activation_bytes * given.chunks / v;
     result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes + r.peak_in_flight[k] * activations);
     result.capacity_bytes.push_back(s.capacity_bytes);
@@ -98,6 +97,10 @@ std::string format_simulation(const Plan& plan, const SimResult& r, const std::s
                   r.peak_memory_bytes[i] > r.capacity_bytes[i] ? "  OVER CAPACITY" : "");
   }
   if (schedule == schedule_name(ScheduleKind::kZeroBubbleH1)) {
+    out += "W's deferred per stage (ZB-H1's own: its index; fewer where its memory holds fewer micro-batches beside "
+           "1F1B's; -1: not split, it recomputes):";
+    for (int d : zb_deferrals(plan)) out += cat(" ", d);
+    out += "\n";
     out += "zb-h1 is a what-if: h2 train does not split a backward into B and W, nor does the planner search it\n";
   }
   return out;

@@ -169,7 +169,12 @@ TEST(Generators, ZeroBubbleH1SplitsEveryBackward) {
                     schedule_zb_h1(3, 4, {0, 2, 1});
                   },
                   ErrorCode::kInvalidArgument),
-              HasSubstr("rank 1 defers 2 W's; 0 to 1"));
+              HasSubstr("rank 1 defers 2 W's; 0 to 1, or -1 not to split"));
+  // -1: that rank keeps its backward whole, in 1F1B's order; the others split theirs.
+  const Schedule mixed = schedule_zb_h1(3, 4, {0, -1, 2});
+  EXPECT_EQ(dry_run(mixed), "");
+  EXPECT_EQ(mixed.actions[1], schedule_1f1b(3, 4).actions[1]);
+  EXPECT_EQ(max_in_flight(mixed, 2), 3);
   EXPECT_THAT(testing_util::error_of(
                   [] {
                     schedule_zb_h1(3, 4, {0, 1});

@@ -88,7 +88,7 @@ TEST(Simulator, InterleavingShrinksTheBubble) {
 // 1F1B's micro-batches in flight, at most its index. With room everywhere it is the paper's schedule, 27 s against
 // 1F1B's 33 for 4 stages and 8 micro-batches (Replay.ZeroBubbleH1IdlesAThirdOf1F1B), every stage holding 4.
 // Capacity 125 on the last stage (1F1B: 100 + 1 x 10) holds one micro-batch more, not three; a recomputing stage
-// defers none (what its B recomputed would wait for the W).
+// does not split its backward (its B recomputes block by block into one buffer, which a later W could not read).
 TEST(Simulator, ZeroBubbleH1DefersWhatMemoryHolds) {
   Plan plan = uniform_plan(4, 8, 1.0, 2.0);
   for (StagePlan& s : plan.stages) s.weight_s = 1.0;
@@ -102,11 +102,12 @@ TEST(Simulator, ZeroBubbleH1DefersWhatMemoryHolds) {
   plan.stages[3].capacity_bytes = 125;
   plan.stages[2].recompute = Recompute::kSelective;
   plan.schedule = ScheduleKind::kZeroBubbleH1;
-  EXPECT_EQ(zb_deferrals(plan), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(zb_deferrals(plan), (std::vector<int>{0, 1, -1, 1}));
   const SimResult tight = simulate(plan, zb);
   EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[3], 100 + 2 * 10);
   EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[2], 100 + 2 * 10);  // 1F1B's 4 - 2
   EXPECT_TRUE(tight.fits());
+  EXPECT_THAT(format_simulation(plan, tight, "zb-h1"), HasSubstr("it recomputes): 0 1 -1 1\n"));
   EXPECT_GT(tight.pipeline_s, roomy.pipeline_s);
   EXPECT_LT(tight.pipeline_s, 33.0);
 }
