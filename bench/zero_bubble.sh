@@ -27,7 +27,7 @@ out, names = sys.argv[1], sys.argv[2:]
 def read(path):
     text = open(path).read()
     m = re.search(r"simulated (\S+): step ([0-9.]+) s", text)
-    deferred = re.search(r"it recomputes\):([-0-9 ]*)", text)
+    deferred = re.search(r"has no room\):([-0-9 ]*)", text)
     return m.group(1), float(m.group(2)), "OVER CAPACITY" not in text, deferred.group(1).strip() if deferred else ""
 steps = {}
 for n in names:

@@ -254,6 +254,18 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   return r;
 }
 
+double weight_pending_bytes(const StageMemorySpec& m) {
+  const TransformerShape& s = m.shape;
+  const double bt = static_cast<double>(m.rows) * static_cast<double>(m.seq > 0 ? m.seq : s.seq_len);
+  const double C = static_cast<double>(s.hidden), t = m.tp;
+  const double attention = (C + 2.0 * static_cast<double>(s.kv_dim())) / t + C;
+  const double mlp = static_cast<double>(s.ffn) / t + C;
+  const BlockHalves h = halves(m);
+  const double per_token = static_cast<double>(h.whole) * (attention + mlp) +
+                           static_cast<double>(h.attention) * attention + static_cast<double>(h.mlp) * mlp;
+  return bt * per_token * m.bytes.block_activation + (m.embedding ? bt * C * m.bytes.activation : 0);
+}
+
 StageMemory combine_chunks(const std::vector<StageMemory>& chunks) {
   StageMemory sum;
   for (const StageMemory& m : chunks) {

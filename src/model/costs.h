@@ -162,6 +162,12 @@ struct StageMemory {
   double total() const { return state() + buffers() + in_flight * per_micro_batch(); }
 };
 StageMemory stage_memory(const StageMemorySpec& spec);
+// Per micro-batch between a split backward's B and its W (schedule.h, zb-h1), beyond its activations (which it
+// keeps until its W): the output gradients the W reads, one per GEMM of each block — c_attn's (C + 2 kv) / tp,
+// attn.c_proj's C, c_fc's F / tp and mlp.c_proj's C per token, a half its own two — in the block activations' precision
+// (the products read them rounded so), and the embedding's input gradient (f32). The head's W reads the logits'
+// gradient, which its activations hold.
+double weight_pending_bytes(const StageMemorySpec& spec);
 // A rank's chunks (interleaved 1F1B: a model per virtual stage) as one: their state and buffers summed, the per
 // micro-batch terms as the rank holds them (each chunk's times its own micro-batches in flight), in_flight 1.
 StageMemory combine_chunks(const std::vector<StageMemory>& chunks);

@@ -173,6 +173,7 @@ std::string Plan::to_json() const {
     nlohmann::ordered_json st;
     visit_stage(s, Writer{st});
     st["weight_s"] = s.weight_s;
+    st["weight_pending_bytes"] = s.weight_pending_bytes;
     if (s.starts_at_mlp) st["starts_at_mlp"] = true;
     if (s.ends_at_attention) st["ends_at_attention"] = true;
     if (s.recompute_blocks >= 0) st["recompute_blocks"] = s.recompute_blocks;
@@ -231,6 +232,7 @@ Plan Plan::from_json(const std::string& text, const std::string& source) {
     if (stages[i].contains("ends_at_attention")) stage("ends_at_attention", st.ends_at_attention);
     if (stages[i].contains("recompute_blocks")) stage("recompute_blocks", st.recompute_blocks);  // version 6
     if (stages[i].contains("weight_s")) stage("weight_s", st.weight_s);                          // version 7
+    if (stages[i].contains("weight_pending_bytes")) stage("weight_pending_bytes", st.weight_pending_bytes);
     if (stages[i].contains("groups")) {
       const nlohmann::json& groups = stages[i].at("groups");
       if (!groups.is_array()) Reader{stages[i], source, where}.fail("groups", "expected a list");
@@ -399,7 +401,8 @@ void check_plan(const Plan& p, const std::string& source) {
                            {s.optimizer_s, "optimizer_s"},
                            {s.state_bytes, "state_bytes"},
                            {s.activation_bytes, "activation_bytes"},
-                           {s.buffer_bytes, "buffer_bytes"}}) {
+                           {s.buffer_bytes, "buffer_bytes"},
+                           {s.weight_pending_bytes, "weight_pending_bytes"}}) {
       // Finite and within what one step of any real job could take or hold (a second of a day, a petabyte).
       const double most = std::string_view(name).ends_with("_s") ? 1e6 : 1e15;
       if (!(v >= 0 && v <= most)) fail(where + name, cat("must be in [0, ", most, "], got ", v));
@@ -477,11 +480,12 @@ std::vector<int> zb_deferrals(const Plan& plan) {
   std::vector<int> out;
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
-    const double room = s.activation_bytes > 0 ? (s.capacity_bytes - s.memory_bytes) / s.activation_bytes : 0;
-    const int fits = room > 0 ? static_cast<int>(std::min<double>(std::floor(room), static_cast<double>(i))) : 0;
     bool recomputes = false;  // any of its replicas' chip types
     for (const ReplicaGroup& g : s.replica_groups()) recomputes = recomputes || g.recompute != Recompute::kNone;
-    out.push_back(recomputes ? -1 : fits);
+    const double room = s.capacity_bytes - s.memory_bytes;
+    int d = recomputes ? -1 : static_cast<int>(i);
+    while (d >= 0 && d * s.activation_bytes + (d + 1) * s.weight_pending_bytes > room) --d;
+    out.push_back(d);
   }
   return out;
 }

@@ -10,9 +10,9 @@
 
 namespace h2 {
 
-// 7: the weight gradients' part of each backward (weight_s); 6: recomputation of a stage's first blocks only
-// (recompute_blocks); 5: stage boundaries inside blocks (starts_at_mlp, ends_at_attention); 4: stages whose replicas
-// mix chip types (groups); 3 to 6 still load.
+// 7: the weight gradients' part of each backward and what waits for it (weight_s, weight_pending_bytes); 6:
+// recomputation of a stage's first blocks only (recompute_blocks); 5: stage boundaries inside blocks (starts_at_mlp,
+// ends_at_attention); 4: stages whose replicas mix chip types (groups); 3 to 6 still load.
 inline constexpr int kPlanVersion = 7;
 
 // The replicas of one chip type in a stage whose replicas are of several types: each takes `rows` sequences of a
@@ -61,6 +61,9 @@ struct StagePlan {
   // communication); the total state + buffers + in_flight x activations, against the usable capacity.
   double state_bytes = 0, activation_bytes = 0, buffer_bytes = 0;
   double memory_bytes = 0, capacity_bytes = 0;
+  // Per micro-batch between a split backward's B and W, beyond its activations: what the W reads (model/costs.h's
+  // weight_pending_bytes; zb-h1 only).
+  double weight_pending_bytes = 0;
   // Replicas of several chip types, in this order (their replicas add up to dp, their rows x replicas to a
   // micro-batch's dp x micro_batch sequences); the stage's own chip, recomputation and times are then those of the
   // group that bounds its time, its memory the group's with the least headroom. Empty: dp replicas of `chip`, an
@@ -130,10 +133,11 @@ std::vector<ChunkLayers> virtual_stages(const Plan& plan);  // per virtual stage
 // The plan's schedule replayed with its stages' times (schedule/replay.h): a rank's stage time split evenly over
 // its chunks, the boundary from the last rank back to the first (interleaving) at the slowest boundary's time.
 Schedule schedule_of(const Plan& plan);
-// Under zb-h1 (schedule.h), the W's each stage defers: ZB-H1's own (its index) where its memory holds that many
-// micro-batches more than 1F1B keeps in flight (capacity - memory_bytes over activation_bytes), fewer where not;
-// -1, not split, where it recomputes: its backward recomputes block after block into one buffer (model/gpt.h), which
-// a later W could no longer read.
+// Under zb-h1 (schedule.h), the W's each stage defers: ZB-H1's own (its index) where its memory holds it, fewer where
+// not. Deferring d, a stage holds d micro-batches' activations more than under 1F1B, and up to d + 1 micro-batches
+// between B and W (weight_pending_bytes each) — what must fit in capacity - memory_bytes. -1, not split, where not even
+// d = 0 fits, or where it recomputes: its backward recomputes block after block into one buffer (model/gpt.h), which a
+// later W could no longer read.
 std::vector<int> zb_deferrals(const Plan& plan);
 ReplayResult replay_plan(const Plan& plan);
 

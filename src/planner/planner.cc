@@ -609,6 +609,7 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
         // Per micro-batch in flight (interleaved: what the chunks hold, over the stage's most in flight at once).
         st.activation_bytes = memory.per_micro_batch() * memory.in_flight / share.in_flight;
         st.buffer_bytes = memory.buffers();
+        st.weight_pending_bytes = weight_pending_bytes(spec);
         st.memory_bytes = total;
         st.capacity_bytes = share.usable_bytes;
       }

@@ -27,6 +27,8 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
   check_plan(plan, "the plan to simulate");
   const int p = static_cast<int>(plan.stages.size()), v = plan.chunks;
   const ReplayResult r = replay_plan(plan);
+  const std::vector<int> deferred =
+      plan.schedule == ScheduleKind::kZeroBubbleH1 ? zb_deferrals(plan) : std::vector<int>{};
 
   nlohmann::json events = nlohmann::json::array();
   auto trace = [&](const std::string& name, const char* cat_name, int pid, int tid, double start, double dur) {
@@ -62,9 +64,11 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
     // plus a micro-batch's activations from its forward to its backward (interleaved: the chunks' average; a
     // chunk's share of the stage's when replayed with more chunks than the plan was costed for), at the most the
     // replay held at once.
-    // Split (zb-h1), a micro-batch is held from its F to its W (a recomputing stage is not split: zb_deferrals).
+    // Split (zb-h1), a micro-batch is held from its F to its W, and up to deferred + 1 of them (zb_deferrals) also
+    // hold what their W reads.
     const double activations = s.activation_bytes * given.chunks / v;
-    result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes + r.peak_in_flight[k] * activations);
+    const double pending = deferred.empty() || deferred[k] < 0 ? 0 : (deferred[k] + 1) * s.weight_pending_bytes;
+    result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes + r.peak_in_flight[k] * activations + pending);
     result.capacity_bytes.push_back(s.capacity_bytes);
   }
   double busy = 0;
@@ -97,8 +101,9 @@ std::string format_simulation(const Plan& plan, const SimResult& r, const std::s
                   r.peak_memory_bytes[i] > r.capacity_bytes[i] ? "  OVER CAPACITY" : "");
   }
   if (schedule == schedule_name(ScheduleKind::kZeroBubbleH1)) {
-    out += "W's deferred per stage (ZB-H1's own: its index; fewer where its memory holds fewer micro-batches beside "
-           "1F1B's; -1: not split, it recomputes):";
+    out +=
+        "W's deferred per stage (ZB-H1's own: its index; fewer where its memory holds fewer micro-batches beside "
+        "1F1B's; -1: not split, it recomputes or has no room):";
     for (int d : zb_deferrals(plan)) out += cat(" ", d);
     out += "\n";
     out += "zb-h1 is a what-if: h2 train does not split a backward into B and W, nor does the planner search it\n";

@@ -530,6 +530,16 @@ TEST(CostModel, AWeightGradientIsOneOfEachGemmBackwardsTwoProducts) {
   EXPECT_LT(costs.layer_weight_s(0, 1, 1), costs.layer_backward_s(0, 1, 1, Recompute::kNone) / 2);
   const CostModel::PieceTimes& t = costs.piece_times(1, 2, 1);
   EXPECT_DOUBLE_EQ(t.embedding_weight_s, t.embedding_backward_s);
+  // What waits for a deferred W, per micro-batch (bf16, TP 2, one sequence of 1,024): each block's four GEMM output
+  // gradients, 6144 / 2 + 2048 + 8192 / 2 + 2048 = 11,264 bf16 values a token (23,068,672 bytes a block), and the
+  // embedding's input gradient in f32 (8,388,608); an MLP half its two, (4096 + 2048) x 2 x 1024.
+  const StageMemorySpec spec{
+      .shape = small_model(4), .embedding = true, .layers = 3, .tp = 2, .bytes = ElementBytes::h2_bf16()};
+  EXPECT_DOUBLE_EQ(weight_pending_bytes(spec), 3 * 23'068'672.0 + 8'388'608);
+  EXPECT_DOUBLE_EQ(
+      weight_pending_bytes(
+          {.shape = small_model(4), .layers = 1, .starts_at_mlp = true, .tp = 2, .bytes = ElementBytes::h2_bf16()}),
+      12'582'912.0);
   const Plan plan = plan_training(costs, PlannerOptions{});
   for (const StagePlan& st : plan.stages) {
     ASSERT_TRUE(st.groups.empty());

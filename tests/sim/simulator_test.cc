@@ -84,32 +84,36 @@ TEST(Simulator, InterleavingShrinksTheBubble) {
   EXPECT_LT(inter.pipeline_s, one.pipeline_s);
 }
 
-// ZB-H1 as a what-if (F 1, B 1, W 1 of a backward of 2): each stage defers as many W's as its memory holds beside
-// 1F1B's micro-batches in flight, at most its index. With room everywhere it is the paper's schedule, 27 s against
-// 1F1B's 33 for 4 stages and 8 micro-batches (Replay.ZeroBubbleH1IdlesAThirdOf1F1B), every stage holding 4.
-// Capacity 125 on the last stage (1F1B: 100 + 1 x 10) holds one micro-batch more, not three; a recomputing stage
-// does not split its backward (its B recomputes block by block into one buffer, which a later W could not read).
+// ZB-H1 as a what-if (F 1, B 1, W 1 of a backward of 2; activations 10 and, between B and W, 5 bytes more per
+// micro-batch): each stage defers as many W's as its memory holds beside 1F1B's, at most its index. With room
+// everywhere it is the paper's schedule, 27 s against 1F1B's 33 for 4 stages and 8 micro-batches
+// (Replay.ZeroBubbleH1IdlesAThirdOf1F1B), every stage holding 4 micro-batches and stage r up to r + 1 between B and
+// W: 100 + 4 x 10 + (r + 1) x 5. Capacity 120 on the last stage (1F1B: 100 + 1 x 10) holds no deferral (1 x 10 +
+// 2 x 5 = 20 > 10) but a split with none (5); 112 not even that; a recomputing stage does not split (its B
+// recomputes block by block into one buffer, which a later W could not read).
 TEST(Simulator, ZeroBubbleH1DefersWhatMemoryHolds) {
   Plan plan = uniform_plan(4, 8, 1.0, 2.0);
-  for (StagePlan& s : plan.stages) s.weight_s = 1.0;
+  for (StagePlan& s : plan.stages) s.weight_s = 1.0, s.weight_pending_bytes = 5;
   const SimOptions zb{.schedule = ScheduleKind::kZeroBubbleH1};
   const SimResult roomy = simulate(plan, zb);
   EXPECT_DOUBLE_EQ(roomy.pipeline_s, 27.0);
   EXPECT_DOUBLE_EQ(simulate(plan, SimOptions{}).pipeline_s, 33.0);
-  for (double peak : roomy.peak_memory_bytes) EXPECT_DOUBLE_EQ(peak, 100 + 4 * 10);
+  for (size_t r = 0; r < 4; ++r) EXPECT_DOUBLE_EQ(roomy.peak_memory_bytes[r], 100 + 4 * 10 + (r + 1) * 5.0) << r;
   EXPECT_TRUE(roomy.fits());
   EXPECT_THAT(format_simulation(plan, roomy, "zb-h1"), HasSubstr("zb-h1 is a what-if: h2 train does not split"));
-  plan.stages[3].capacity_bytes = 125;
+  plan.stages[3].capacity_bytes = 120;
   plan.stages[2].recompute = Recompute::kSelective;
-  plan.schedule = ScheduleKind::kZeroBubbleH1;
-  EXPECT_EQ(zb_deferrals(plan), (std::vector<int>{0, 1, -1, 1}));
+  EXPECT_EQ(zb_deferrals(plan), (std::vector<int>{0, 1, -1, 0}));
   const SimResult tight = simulate(plan, zb);
-  EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[3], 100 + 2 * 10);
-  EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[2], 100 + 2 * 10);  // 1F1B's 4 - 2
+  EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[3], 100 + 1 * 10 + 5);
+  EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[2], 100 + 2 * 10);  // 1F1B's 4 - 2, nothing pending
+  EXPECT_DOUBLE_EQ(tight.peak_memory_bytes[1], 100 + 4 * 10 + 2 * 5);
   EXPECT_TRUE(tight.fits());
-  EXPECT_THAT(format_simulation(plan, tight, "zb-h1"), HasSubstr("it recomputes): 0 1 -1 1\n"));
+  EXPECT_THAT(format_simulation(plan, tight, "zb-h1"), HasSubstr("or has no room): 0 1 -1 0\n"));
   EXPECT_GT(tight.pipeline_s, roomy.pipeline_s);
   EXPECT_LT(tight.pipeline_s, 33.0);
+  plan.stages[3].capacity_bytes = 112;
+  EXPECT_EQ(zb_deferrals(plan).back(), -1);
 }
 
 TEST(Simulator, LinksAndReductionsAddTheirTime) {
