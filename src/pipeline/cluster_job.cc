@@ -244,12 +244,17 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     left.emplace(planned_on, in.shape, in.setup);
     Plan next = plan_training(*left, job_planner_options(planned_on));
     next.model = in.run.plan.model;
+    // The checkpoint the ranks will try first, and its step for the steps to redo. Not read through here (at 100B
+    // with its moments, over a terabyte): the ranks verify it in shares and fall back to an older one if it does not.
     std::string from;
     int64_t from_step = 0;
-    try {
-      from = resume_checkpoint((fs::path(out_dir) / "checkpoints").string(), nullptr);
-      from_step = read_checkpoint_state(from).step;
-    } catch (const Error&) {  // no checkpoint yet: the new plan starts over
+    for (const std::string& c : resume_candidates((fs::path(out_dir) / "checkpoints").string(), nullptr)) {
+      try {
+        from_step = read_checkpoint_state(c).step;
+        from = c;
+        break;
+      } catch (const Error&) {  // its state unreadable: the next one (none: the new plan starts over)
+      }
     }
     const int64_t reached = last_logged_step((fs::path(out_dir) / "metrics.jsonl").string());
     std::printf("elastic: %s; the %s device is taken out and the job re-planned on the %d devices left:\n",
@@ -260,7 +265,8 @@ int drive_cluster_job(const ClusterJobFiles& files, bool resume, const DriverOpt
     save_plan(in.run.plan, plan_path);
     launch_options.ranks = stage_layout_of(in.run.plan).world_size();
     std::printf("elastic: %s; %lld step(s) to redo (%lld reached); %.2f s to re-plan\n",
-                from.empty() ? "no checkpoint yet, starting over" : cat("resuming ", from).c_str(),
+                from.empty() ? "no checkpoint yet, starting over"
+                             : cat("resuming ", from, " (once the ranks verify it)").c_str(),
                 static_cast<long long>(std::max<int64_t>(0, reached - from_step)), static_cast<long long>(reached),
                 monotonic_seconds() - failed_at);
     std::fflush(stdout);
