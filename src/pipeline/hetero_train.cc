@@ -32,6 +32,17 @@ fs::path trace_part(const HeteroRun& run, int rank) {
   return fs::path(run.config.out_dir) / "trace_parts" / cat("rank_", rank, ".json");
 }
 
+// The parameters a TP-`tp` shard of stage `s` holds (model/costs.h's stage_params).
+double params_of(const TransformerShape& shape, const StagePlan& s, int tp) {
+  return static_cast<double>(stage_params({.shape = shape,
+                                           .embedding = s.embedding,
+                                           .head = s.head,
+                                           .layers = s.layers,
+                                           .starts_at_mlp = s.starts_at_mlp,
+                                           .ends_at_attention = s.ends_at_attention,
+                                           .tp = tp}));
+}
+
 }  // namespace
 
 StageLayout stage_layout_of(const Plan& plan) {
@@ -708,19 +719,6 @@ HostBytes rank_host_bytes(const std::string& backend, double device_bytes, doubl
           .devices = backend == "cuda" ? 0.0 : device_bytes,
           .checkpoints = checkpoint_bytes};
 }
-
-namespace {
-// The parameters a TP-`tp` shard of stage `s` holds (model/costs.h's stage_params).
-double params_of(const TransformerShape& shape, const StagePlan& s, int tp) {
-  return static_cast<double>(stage_params({.shape = shape,
-                                           .embedding = s.embedding,
-                                           .head = s.head,
-                                           .layers = s.layers,
-                                           .starts_at_mlp = s.starts_at_mlp,
-                                           .ends_at_attention = s.ends_at_attention,
-                                           .tp = tp}));
-}
-}  // namespace
 
 double checkpoint_host_bytes(const Plan& plan, int stage, int replica, int t, bool zero1) {
   const StagePlan& s = plan.stages[static_cast<size_t>(stage)];
