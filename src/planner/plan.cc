@@ -482,7 +482,9 @@ std::vector<int> zb_deferrals(const Plan& plan) {
     const StagePlan& s = plan.stages[i];
     bool recomputes = false;  // any of its replicas' chip types
     for (const ReplicaGroup& g : s.replica_groups()) recomputes = recomputes || g.recompute != Recompute::kNone;
-    const double room = s.capacity_bytes - s.memory_bytes;
+    // Beside its footprint under 1F1B (whatever the plan's schedule): min(p - i, m) micro-batches in flight.
+    const int in_flight = std::min(static_cast<int>(plan.stages.size() - i), plan.num_micro_batches);
+    const double room = s.capacity_bytes - (s.state_bytes + s.buffer_bytes + in_flight * s.activation_bytes);
     int d = recomputes ? -1 : static_cast<int>(i);
     while (d >= 0 && d * s.activation_bytes + (d + 1) * s.weight_pending_bytes > room) --d;
     out.push_back(d);

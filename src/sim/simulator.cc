@@ -23,12 +23,13 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
   if (options.schedule) {
     plan.schedule = *options.schedule;
     plan.chunks = plan.schedule != ScheduleKind::kInterleaved ? 1 : options.chunks > 0 ? options.chunks : 2;
+    // A micro-batch's activations per chunk (interleaved: the chunks' average): a chunk's share of the stage's when
+    // replayed with more chunks than the plan was costed for, the whole stage's with one.
+    for (StagePlan& s : plan.stages) s.activation_bytes *= static_cast<double>(given.chunks) / plan.chunks;
   }
   check_plan(plan, "the plan to simulate");
-  const int p = static_cast<int>(plan.stages.size()), v = plan.chunks;
+  const int p = static_cast<int>(plan.stages.size());
   const ReplayResult r = replay_plan(plan);
-  const std::vector<int> deferred =
-      plan.schedule == ScheduleKind::kZeroBubbleH1 ? zb_deferrals(plan) : std::vector<int>{};
 
   nlohmann::json events = nlohmann::json::array();
   auto trace = [&](const std::string& name, const char* cat_name, int pid, int tid, double start, double dur) {
@@ -48,6 +49,8 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
     }
   }
   SimResult result;
+  if (plan.schedule == ScheduleKind::kZeroBubbleH1) result.deferred_w = zb_deferrals(plan);
+  const std::vector<int>& deferred = result.deferred_w;
   result.busy_s = r.busy;
   result.pipeline_s = r.makespan;
   // Each stage reduces its gradients once its last backward is done, then the tied embedding's, then the
@@ -61,14 +64,12 @@ SimResult simulate(const Plan& given, const SimOptions& options) {
     if (end.tied_start[k] >= 0) trace(cat(i, "REDUCE_TIED"), "dp", 0, i, end.tied_start[k], s.tied_allreduce_s);
     trace(cat(i, "OPTIM"), "optimizer", 0, i, end.optim_start[k], s.optimizer_s);
     // Memory from this replay, not from the plan's totals: the state and buffers, allocated for the whole step,
-    // plus a micro-batch's activations from its forward to its backward (interleaved: the chunks' average; a
-    // chunk's share of the stage's when replayed with more chunks than the plan was costed for), at the most the
-    // replay held at once.
-    // Split (zb-h1), a micro-batch is held from its F to its W, and up to deferred + 1 of them (zb_deferrals) also
-    // hold what their W reads.
-    const double activations = s.activation_bytes * given.chunks / v;
+    // plus a micro-batch's activations from its forward to its backward (above: per chunk), at the most the replay
+    // held at once. Split (zb-h1), a micro-batch is held from its F to its W, and up to deferred + 1 of them
+    // (zb_deferrals) also hold what their W reads.
     const double pending = deferred.empty() || deferred[k] < 0 ? 0 : (deferred[k] + 1) * s.weight_pending_bytes;
-    result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes + r.peak_in_flight[k] * activations + pending);
+    result.peak_memory_bytes.push_back(s.state_bytes + s.buffer_bytes + r.peak_in_flight[k] * s.activation_bytes +
+                                       pending);
     result.capacity_bytes.push_back(s.capacity_bytes);
   }
   double busy = 0;
@@ -100,11 +101,11 @@ std::string format_simulation(const Plan& plan, const SimResult& r, const std::s
                   format_bytes(r.peak_memory_bytes[i]).c_str(), format_bytes(r.capacity_bytes[i]).c_str(),
                   r.peak_memory_bytes[i] > r.capacity_bytes[i] ? "  OVER CAPACITY" : "");
   }
-  if (schedule == schedule_name(ScheduleKind::kZeroBubbleH1)) {
+  if (!r.deferred_w.empty()) {
     out +=
         "W's deferred per stage (ZB-H1's own: its index; fewer where its memory holds fewer micro-batches beside "
         "1F1B's; -1: not split, it recomputes or has no room):";
-    for (int d : zb_deferrals(plan)) out += cat(" ", d);
+    for (int d : r.deferred_w) out += cat(" ", d);
     out += "\n";
     out += "zb-h1 is a what-if: h2 train does not split a backward into B and W, nor does the planner search it\n";
   }

@@ -31,7 +31,8 @@ struct SimResult {
   std::vector<double> busy_s;             // compute time per stage
   std::vector<double> peak_memory_bytes;  // per device of each stage
   std::vector<double> capacity_bytes;
-  std::string trace_json;  // Chrome trace format: load in chrome://tracing or ui.perfetto.dev
+  std::vector<int> deferred_w;  // zb-h1: the W's each stage deferred (zb_deferrals of the plan replayed); else empty
+  std::string trace_json;       // Chrome trace format: load in chrome://tracing or ui.perfetto.dev
 
   bool fits() const;
 };

@@ -114,6 +114,19 @@ TEST(Simulator, ZeroBubbleH1DefersWhatMemoryHolds) {
   EXPECT_LT(tight.pipeline_s, 33.0);
   plan.stages[3].capacity_bytes = 112;
   EXPECT_EQ(zb_deferrals(plan).back(), -1);
+  // An interleaved plan (2 chunks, 5 bytes a chunk's micro-batch, its own footprint filling its memory) replayed
+  // as zb-h1: a stage's micro-batch holds both chunks' 10 bytes, and the room is beside its 1F1B footprint — not
+  // beside the interleaved one, which left none.
+  Plan inter = uniform_plan(4, 8, 1.0, 2.0);
+  inter.schedule = ScheduleKind::kInterleaved;
+  inter.chunks = 2;
+  for (StagePlan& s : inter.stages) s.weight_s = 1.0, s.weight_pending_bytes = 5, s.activation_bytes = 5;
+  for (StagePlan& s : inter.stages) s.memory_bytes = s.capacity_bytes;
+  inter.stages[3].capacity_bytes = 120;
+  const SimResult from_inter = simulate(inter, zb);
+  EXPECT_THAT(format_simulation(inter, from_inter, "zb-h1"), HasSubstr("or has no room): 0 1 2 0\n"));
+  EXPECT_DOUBLE_EQ(from_inter.peak_memory_bytes[3], 100 + 1 * 10 + 5);
+  EXPECT_DOUBLE_EQ(from_inter.peak_memory_bytes[2], 100 + 4 * 10 + 3 * 5);
 }
 
 TEST(Simulator, LinksAndReductionsAddTheirTime) {
