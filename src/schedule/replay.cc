@@ -80,8 +80,6 @@ ReplayResult replay(const Schedule& schedule, const std::function<double(int, Wo
     int& live = in_flight[static_cast<size_t>(pick)];
     live += forward ? 1 : work == Work::kBackward || work == Work::kWeightGradient ? -1 : 0;
     out.peak_in_flight[static_cast<size_t>(pick)] = std::max(out.peak_in_flight[static_cast<size_t>(pick)], live);
-    if (work == Work::kWeightGradient) continue;  // it sends nothing
-    if (!forward) done_b[vs][j] = end;
     if (forward) {
       done_f[vs][j] = end;
       if (a.stage + 1 < V) {  // the activation goes to the next virtual stage over its link
@@ -89,10 +87,13 @@ ReplayResult replay(const Schedule& schedule, const std::function<double(int, Wo
         link_free_f[vs] = arrive_f[vs + 1][j] = start + link_s(a.stage);
         out.links.push_back({a.stage, a.micro_batch, true, start, link_free_f[vs]});
       }
-    } else if (a.stage > 0) {  // the gradient goes back to the previous virtual stage
-      const double start = std::max(end, link_free_b[vs - 1]);
-      link_free_b[vs - 1] = arrive_b[vs - 1][j] = start + link_s(a.stage - 1);
-      out.links.push_back({a.stage - 1, a.micro_batch, false, start, link_free_b[vs - 1]});
+    } else if (work != Work::kWeightGradient) {  // a W sends nothing
+      done_b[vs][j] = end;
+      if (a.stage > 0) {  // the gradient goes back to the previous virtual stage
+        const double start = std::max(end, link_free_b[vs - 1]);
+        link_free_b[vs - 1] = arrive_b[vs - 1][j] = start + link_s(a.stage - 1);
+        out.links.push_back({a.stage - 1, a.micro_batch, false, start, link_free_b[vs - 1]});
+      }
     }
   }
   return out;
