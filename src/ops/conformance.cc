@@ -180,6 +180,18 @@ const std::vector<OpCases>& op_cases() {
                               ops::matmul_backward(t[0], t[1], t.size() > 5 ? t[5] : Tensor(), t[2], t[3], t[4]);
                             }});
          }
+         // A backward split into its two products (zero-bubble schedules): the input gradient alone, then the
+         // weight's and the bias's alone.
+         for (auto [N, C, OC] : {std::array<int64_t, 3>{3, 5, 7}, {801, 21, 50}}) {
+           cases.push_back({cat("N=", N, " C=", C, " OC=", OC, " dinp only"),
+                            {out("dinp", {N, C}), in("dout", {N, OC}), with_dtype(in("inp", {N, C}), dtype),
+                             with_dtype(in("weight", {OC, C}), dtype)},
+                            [](auto& t) { ops::matmul_backward(t[0], Tensor(), Tensor(), t[1], t[2], t[3]); }});
+           cases.push_back({cat("N=", N, " C=", C, " OC=", OC, " dweight only"),
+                            {accum("dweight", {OC, C}), accum("dbias", {OC}), in("dout", {N, OC}),
+                             with_dtype(in("inp", {N, C}), dtype), with_dtype(in("weight", {OC, C}), dtype)},
+                            [](auto& t) { ops::matmul_backward(Tensor(), t[0], t[1], t[2], t[3], t[4]); }});
+         }
          return cases;
        }},
       // bf16: qkv, att and out in bf16 (dqkv and dout stay f32).

@@ -107,7 +107,8 @@ class Kernels {
   // better, out and bias in f32.
   virtual void matmul_forward_bf16(float* out, const bf16_t* inp, const bf16_t* weight, const float* bias, int64_t N,
                                    int C, int OC) const;
-  // dinp (N,C) = dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout (may be null).
+  // dinp (N,C) = dout @ weight; dweight (OC,C) += dout^T @ inp; dbias (OC) += column sums of dout. Any of the three
+  // may be null (not both dinp and dweight), and its product is skipped.
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                const float* weight, int64_t N, int C, int OC) const;
   // The same with inp and weight in bf16 (supports(kMatmulBackward, kBF16)) and dout in f32, rounded to bf16 (nearest

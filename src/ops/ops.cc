@@ -277,8 +277,9 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
   Args a(Op::kMatmulBackward);
+  if (!dinp.defined() && !dweight.defined()) a.fail("'dinp' and 'dweight' are both undefined; pass at least one");
   for (auto [t, name] : {std::pair{&dinp, "dinp"}, {&dweight, "dweight"}, {&dout, "dout"}}) {
-    a.dtype(*t, name, DType::kF32);
+    if (t->defined() || t == &dout) a.dtype(*t, name, DType::kF32);
   }
   a.defined(inp, "inp");
   const DType dtype = inp.dtype() == DType::kBF16 ? DType::kBF16 : DType::kF32;  // of inp and weight
@@ -293,8 +294,8 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
                "; weight must be (OC, ", C, ")"));
   }
   const int64_t N = inp.numel() / C;
-  a.same_shape(dinp, "dinp", inp, "inp");
-  a.same_shape(dweight, "dweight", weight, "weight");
+  if (dinp.defined()) a.same_shape(dinp, "dinp", inp, "inp");
+  if (dweight.defined()) a.same_shape(dweight, "dweight", weight, "weight");
   a.numel(dout, "dout", N * OC, cat("N*OC = ", N, "*", OC));
   if (dbias.defined()) {
     a.dtype(dbias, "dbias", DType::kF32);
@@ -302,15 +303,15 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   }
   Device& dev = a.device({&dinp, &dweight, &dbias, &dout, &inp, &weight});
   if (N == 0) return;
-  float* db = dbias.defined() ? dbias.data_as<float>() : nullptr;
+  const auto f32_or_null = [](const Tensor& t) { return t.defined() ? t.data_as<float>() : nullptr; };
+  float *di = f32_or_null(dinp), *dw = f32_or_null(dweight), *db = f32_or_null(dbias);
   const int c = checked_int(a, C, "C"), oc = checked_int(a, OC, "OC");
   run(dev, a, dtype, [&](const Kernels& k) {
     if (dtype == DType::kBF16) {
-      k.matmul_backward_bf16(dinp.data_as<float>(), dweight.data_as<float>(), db, dout.data_as<float>(),
-                             inp.data_as<bf16_t>(), weight.data_as<bf16_t>(), N, c, oc);
+      k.matmul_backward_bf16(di, dw, db, dout.data_as<float>(), inp.data_as<bf16_t>(), weight.data_as<bf16_t>(), N, c,
+                             oc);
     } else {
-      k.matmul_backward(dinp.data_as<float>(), dweight.data_as<float>(), db, dout.data_as<float>(),
-                        inp.data_as<float>(), weight.data_as<float>(), N, c, oc);
+      k.matmul_backward(di, dw, db, dout.data_as<float>(), inp.data_as<float>(), weight.data_as<float>(), N, c, oc);
     }
   });
 }

@@ -26,6 +26,9 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
 // inp (...,C); weight (OC,C); bias (OC) or an undefined Tensor; out (...,OC). inp and weight both f32, or both
 // bf16 (products summed in f32); out and bias f32.
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+// dinp like inp; dweight (OC,C) += dout^T inp; dbias (OC) += dout's column sums or undefined. Either dinp or dweight
+// may be undefined, and that product is skipped: a backward split into its input and weight gradients (zero-bubble
+// pipeline schedules) computes dinp now and dweight later, from the same dout.
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight);
 // qkv (B,T,3C); out (B,T,C); att (B,NH,T,T): all f32, or all bf16. dqkv and dout are f32 in both.

@@ -63,6 +63,21 @@ TEST_F(OpsErrors, MatmulInBf16NeedsBothOperandsInBf16AndAnF32Output) {
                   ErrorCode::kInvalidArgument),
               HasSubstr("matmul_backward: argument 'dout' is bf16 but must be f32"));
   ops::matmul_backward(f32({4, 6}), f32({8, 6}), f32({8}), f32({4, 8}), x, w);
+  // Either product may be skipped (a split backward), but not both.
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::matmul_backward(Tensor(), Tensor(), f32({8}), f32({4, 8}), x, w);
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("matmul_backward: 'dinp' and 'dweight' are both undefined; pass at least one"));
+  EXPECT_THAT(error_of(
+                  [&] {
+                    ops::matmul_backward(Tensor(), f32({8, 5}), Tensor(), f32({4, 8}), x, w);
+                  },
+                  ErrorCode::kInvalidArgument),
+              HasSubstr("matmul_backward: argument 'dweight' has shape [8, 5] but 'weight' has shape [8, 6]"));
+  ops::matmul_backward(Tensor(), f32({8, 6}), Tensor(), f32({4, 8}), x, w);
+  ops::matmul_backward(f32({4, 6}), Tensor(), Tensor(), f32({4, 8}), x, w);
 }
 
 TEST_F(OpsErrors, ElementwiseShapesAndDtypesMustMatch) {

@@ -296,18 +296,20 @@ class CpuKernels final : public Kernels {
                        const float* weight, int64_t N, int C, int OC) const override {
     if (N == 0) return;
     const int n = static_cast<int>(N);
-    // dinp (N,C) = dout (N,OC) @ weight (OC,C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, n, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dinp != nullptr) {  // dinp (N,C) = dout (N,OC) @ weight (OC,C)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    }
+    if (dweight != nullptr) {  // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, n, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    }
     if (dbias != nullptr) column_sums(dbias, dout, N, OC);
   }
 
   void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const bf16_t* inp,
                             const bf16_t* weight, int64_t N, int C, int OC) const override {
     if (N == 0) return;
-    gemm_bf16(dinp, {dout, OC, 1}, {weight, C, 1}, nullptr, false, N, OC, C);  // dinp (N,C) = dout @ weight
-    gemm_bf16(dweight, {dout, 1, OC}, {inp, C, 1}, nullptr, true, OC, N, C);   // dweight (OC,C) += dout^T @ inp
+    if (dinp != nullptr) gemm_bf16(dinp, {dout, OC, 1}, {weight, C, 1}, nullptr, false, N, OC, C);    // dout @ weight
+    if (dweight != nullptr) gemm_bf16(dweight, {dout, 1, OC}, {inp, C, 1}, nullptr, true, OC, N, C);  // += dout^T inp
     if (dbias != nullptr) column_sums(dbias, dout, N, OC);
   }
 

@@ -492,8 +492,12 @@ void forward(float* out, const void* inp, const void* weight, const float* bias,
 // dinp (N,C) = dout W: dinp^T = W^T dout^T; dweight (OC,C) += dout^T inp: dweight^T += inp^T dout.
 void backward(float* dinp, float* dweight, const void* dout, const void* inp, const void* weight, int64_t N, int C,
               int OC, cudaDataType_t dtype) {
-  gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, static_cast<int>(N), OC, weight, C, dout, OC, 0.0f, dinp, C, dtype);
-  gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, static_cast<int>(N), inp, C, dout, OC, 1.0f, dweight, C, dtype);
+  if (dinp != nullptr) {
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, static_cast<int>(N), OC, weight, C, dout, OC, 0.0f, dinp, C, dtype);
+  }
+  if (dweight != nullptr) {
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, static_cast<int>(N), inp, C, dout, OC, 1.0f, dweight, C, dtype);
+  }
 }
 template <typename T>
 void gelu_forward_as(T* out, const T* inp, int64_t N) {

@@ -114,14 +114,14 @@ void bias_backward(F* dbias, const F* dout, int64_t N, int OC) {
 template <typename F>
 void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight, int64_t N, int C,
                      int OC) {
-  for (int64_t n = 0; n < N; ++n) {
+  for (int64_t n = 0; dinp != nullptr && n < N; ++n) {
     for (int c = 0; c < C; ++c) {
       double acc = 0.0;
       for (int o = 0; o < OC; ++o) acc += double{dout[n * OC + o]} * weight[int64_t{o} * C + c];
       dinp[n * C + c] = static_cast<F>(acc);
     }
   }
-  for (int o = 0; o < OC; ++o) {
+  for (int o = 0; dweight != nullptr && o < OC; ++o) {
     for (int c = 0; c < C; ++c) {
       double acc = 0.0;
       for (int64_t n = 0; n < N; ++n) acc += double{dout[n * OC + o]} * inp[n * C + c];
