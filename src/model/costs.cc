@@ -251,6 +251,7 @@ StageMemory stage_memory(const StageMemorySpec& m) {
   if (!m.head) r.comm += bt * C * e.activation;                                   // the received gradient of the output
   if (!m.embedding) r.comm += 2 * bt * C * e.activation;                          // input gradients being sent
   if (m.head) r.comm += bt * kTokenBytes + (m.tp > 1 ? 3 * bt * kStatBytes : 0);  // targets, loss statistics
+  r.pending = m.pending_weights * weight_pending_bytes(m);
   return r;
 }
 
@@ -277,6 +278,7 @@ StageMemory combine_chunks(const std::vector<StageMemory>& chunks) {
     sum.recompute += m.recompute;
     sum.grad_scratch += m.grad_scratch;
     sum.comm += m.comm;
+    sum.pending += m.pending;
   }
   return sum;
 }

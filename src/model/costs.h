@@ -132,6 +132,9 @@ struct StageMemorySpec {
   // keep every activation (Megatron-LM's --recompute-method block); -1: all of them.
   int64_t recompute_blocks = -1;
   int in_flight = 1;  // micro-batches whose activations the stage holds at once
+  // A split backward (zero-bubble schedules): micro-batches whose weight gradients may wait at once, each keeping
+  // weight_pending_bytes(); 0: the backward is whole.
+  int pending_weights = 0;
   ElementBytes bytes;
 };
 
@@ -155,10 +158,11 @@ struct StageMemory {
   double grad_scratch = 0;  // the model's activation-gradient buffers, shared by every block
   double comm = 0;          // the runtime's: received output gradient, two input-gradient send buffers, targets,
                             // loss statistics under TP, the norm accumulator
+  double pending = 0;       // a split backward's: pending_weights x weight_pending_bytes()
   int in_flight = 1;
   double state() const { return weights + grads + optimizer; }
   double per_micro_batch() const { return activations + inputs; }
-  double buffers() const { return recompute + grad_scratch + comm; }
+  double buffers() const { return recompute + grad_scratch + comm + pending; }
   double total() const { return state() + buffers() + in_flight * per_micro_batch(); }
 };
 StageMemory stage_memory(const StageMemorySpec& spec);

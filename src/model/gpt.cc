@@ -141,6 +141,16 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
     throw Error(ErrorCode::kInvalidArgument,
                 cat("model: recomputation of the first ", policy_.recompute_blocks, " blocks (-1: all, or 0 or more)"));
   }
+  if (policy_.pending_weights < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("model: ", policy_.pending_weights, " micro-batches with pending weight gradients (0 or more)"));
+  }
+  if (policy_.pending_weights > 0 && policy_.recompute == Recompute::kFull && policy_.recompute_blocks != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "model: a backward split into input and weight gradients (pending_weights > 0) needs every block's "
+                "activations until its weight gradients, but full recomputation rewrites them into one buffer; "
+                "recompute selectively, or none");
+  }
   // What the model will allocate (costs.h counts it exactly), checked before any of it is: a model far past the
   // device's memory is an error naming the sizes, not an allocation that exhausts the host on the way.
   const StageMemorySpec spec{.shape = config.shape(),
@@ -156,11 +166,12 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
                              .recompute = policy_.recompute,
                              .recompute_blocks = policy_.recompute_blocks,
                              .in_flight = policy_.slots,
+                             .pending_weights = policy_.pending_weights,
                              .bytes = ElementBytes::of(policy_.precision)};
   const StageMemory need = stage_memory(spec);
   const double master = static_cast<double>(stage_params(spec)) * spec.bytes.master;  // the optimizer's, held here
-  const double bytes =
-      need.weights + master + need.grads + policy_.slots * need.activations + need.recompute + need.grad_scratch;
+  const double bytes = need.weights + master + need.grads + policy_.slots * need.activations + need.recompute +
+                       need.grad_scratch + need.pending;
   const double free =
       static_cast<double>(device.props().mem_capacity_bytes) - static_cast<double>(device.mem_used_bytes());
   if (device.props().mem_capacity_bytes > 0 && bytes > free) {
@@ -290,6 +301,39 @@ Gpt::Gpt(const GptConfig& config, Device& device, GptRange range, int B, int T, 
     ce_target_ = f32({bt});
   }
   allocated_.comm = measured();
+  for (int i = 0; i < policy_.pending_weights; ++i) pending_.push_back(allocate_pending());
+  allocated_.pending = measured();
+}
+
+Gpt::Pending Gpt::allocate_pending() {
+  const int64_t C = config_.n_embd, Cs = C / tp_.size;
+  auto lowp = [&](Shape s) { return device_->empty(bf16() ? DType::kBF16 : DType::kF32, s); };
+  Pending p;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    PendingBlock k;
+    if (has_attention(b)) {
+      k.qkv = lowp({B_, T_, 3 * Cs});
+      k.proj = lowp({B_, T_, C});
+    }
+    if (has_mlp(b)) {
+      k.fc = lowp({B_, T_, 4 * Cs});
+      k.fcproj = lowp({B_, T_, C});
+    }
+    p.blocks.push_back(k);
+  }
+  if (range_.embedding) p.embedding = device_->empty(DType::kF32, {B_, T_, C});
+  return p;
+}
+
+Gpt::Pending* Gpt::pending_of(int slot) {
+  for (Pending& p : pending_) {
+    if (p.slot == slot) return &p;
+  }
+  return nullptr;
+}
+
+bool Gpt::weights_pending() const {
+  return std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.slot == slot_; });
 }
 
 Gpt::Activations Gpt::allocate_activations() {
@@ -421,6 +465,11 @@ void Gpt::refresh_bf16_weights() {
 }
 
 void Gpt::forward(const Tensor& input) {
+  if (weights_pending()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("model forward: activation slot ", slot_,
+                    " still holds a micro-batch whose weight gradients wait (backward_weights() first)"));
+  }
   Activations& a = acts();
   refresh_bf16_weights();
   const Tensor* x = nullptr;
@@ -536,8 +585,20 @@ std::vector<Gpt::NamedOutput> Gpt::forward_outputs() {
   return out;
 }
 
+void Gpt::product_backward(const Tensor& dinp, const Tensor& weight, const Tensor& bias, const Tensor& dout,
+                           const Tensor& inp, const Tensor* keep) {
+  ops::matmul_backward(dinp, keep != nullptr ? Tensor() : grad_of(weight), grad_of(bias), dout, inp, low(weight));
+  if (keep != nullptr) ops::convert(*keep, dout);  // in bf16 rounded as the product reads it
+}
+
+const Tensor& Gpt::widened(const Tensor& kept, const Tensor& scratch) {
+  if (kept.dtype() == DType::kF32) return kept;
+  ops::convert(scratch, kept);  // exact: rounding it again, as the product does, gives it back
+  return scratch;
+}
+
 // Gradient of one block. `dout` is the gradient of the block's output; `dx` receives its input's gradient.
-void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx) {
+void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx, PendingBlock* keep) {
   const BlockParams& w = blocks_[static_cast<size_t>(b)];
   const BlockActs& a = acts().blocks[static_cast<size_t>(b)];
   // Recomputation: the whole block's forward (kFull, into the shared buffers; the row-parallel all-reduces run
@@ -557,12 +618,13 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
     ++recomputed_;
   }
   auto g = [&](const Tensor& value) { return grad_of(value); };
+  auto kept = [&](const Tensor PendingBlock::*t) { return keep != nullptr ? &(keep->*t) : nullptr; };
   // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))); res2 is the block's input x without the attention half.
   if (mlp) {
     const Tensor& mid = attention ? a.res2 : x;
-    ops::matmul_backward(g_fch_gelu_, g(w.fcproj_w), g(w.fcproj_b), dout, a.fch_gelu, low(w.fcproj_w));
+    product_backward(g_fch_gelu_, w.fcproj_w, w.fcproj_b, dout, a.fch_gelu, kept(&PendingBlock::fcproj));
     ops::gelu_backward(g_fch_, a.fch, g_fch_gelu_);
-    ops::matmul_backward(g_ln_, g(w.fc_w), g(w.fc_b), g_fch_, a.ln2, low(w.fc_w));
+    product_backward(g_ln_, w.fc_w, w.fc_b, g_fch_, a.ln2, kept(&PendingBlock::fc));
     if (tp_.size > 1) tp_.all_reduce(g_ln_);  // column-parallel: each rank's part of the input gradient
     ops::layernorm_backward(g_tmp_, g(w.ln2_w), g(w.ln2_b), g_ln_, mid, w.ln2_w, a.ln2_mean, a.ln2_rstd);
     // The residual path and the MLP path both reach res2.
@@ -571,9 +633,9 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
   if (!attention) return;
   // Attention: res2 = x + c_proj(attention(c_attn(ln_1(x)))).
   const Tensor& dres2 = mlp ? g_res2_ : dout;
-  ops::matmul_backward(g_atty_, g(w.proj_w), g(w.proj_b), dres2, a.atty, low(w.proj_w));
+  product_backward(g_atty_, w.proj_w, w.proj_b, dres2, a.atty, kept(&PendingBlock::proj));
   ops::attention_backward(g_qkv_, g_atty_, a.qkv, a.att, config_.n_head / tp_.size);
-  ops::matmul_backward(g_ln_, g(w.qkv_w), g(w.qkv_b), g_qkv_, a.ln1, low(w.qkv_w));
+  product_backward(g_ln_, w.qkv_w, w.qkv_b, g_qkv_, a.ln1, kept(&PendingBlock::qkv));
   if (tp_.size > 1) tp_.all_reduce(g_ln_);
   ops::layernorm_backward(g_tmp_, g(w.ln1_w), g(w.ln1_b), g_ln_, x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
   ops::residual_forward(dx, dres2, g_tmp_);
@@ -581,6 +643,22 @@ void Gpt::block_backward(int b, const Tensor& x, const Tensor& dout, const Tenso
 
 void Gpt::backward(const Tensor& dout) {
   Activations& a = acts();
+  // A split backward keeps what the weight gradients need in a free set of pending buffers.
+  Pending* keep = nullptr;
+  if (!pending_.empty()) {
+    if (weights_pending()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  cat("model backward: activation slot ", slot_, "'s weight gradients are still pending"));
+    }
+    keep = pending_of(-1);
+    if (keep == nullptr) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  cat("model backward: ", pending_.size(),
+                      " micro-batches already wait for their weight gradients, as many as policy.pending_weights "
+                      "holds; call backward_weights() for one first"));
+    }
+    keep->slot = slot_;
+  }
   // The gradient flowing backwards alternates between the two (B,T,C) buffers g_a_ and g_b_, ending in g_a_.
   const size_t n = blocks_.size();
   Tensor cur = n % 2 == 0 ? g_a_ : g_b_, next = n % 2 == 0 ? g_b_ : g_a_;
@@ -588,7 +666,8 @@ void Gpt::backward(const Tensor& dout) {
   const Tensor& last_out = n > 0 ? block_output(n - 1) : input;
   if (range_.head) {
     // Vocabulary-parallel: each rank's columns give part of the input gradient; the group sums them.
-    ops::matmul_backward(g_lnf_, grad_of(wte_), Tensor(), a.logits, a.lnf, low(wte_));
+    // Split: the weight gradient's output gradient is the slot's logits', where the loss wrote it.
+    ops::matmul_backward(g_lnf_, keep != nullptr ? Tensor() : grad_of(wte_), Tensor(), a.logits, a.lnf, low(wte_));
     if (tp_.size > 1) tp_.all_reduce(g_lnf_);
     ops::layernorm_backward(cur, grad_of(lnf_w_), grad_of(lnf_b_), g_lnf_, last_out, lnf_w_, a.lnf_mean, a.lnf_rstd);
   } else {
@@ -600,14 +679,51 @@ void Gpt::backward(const Tensor& dout) {
   }
   for (size_t i = n; i-- > 0;) {
     const Tensor& x = i > 0 ? block_output(i - 1) : input;
-    block_backward(static_cast<int>(i), x, cur, next);
+    block_backward(static_cast<int>(i), x, cur, next, keep != nullptr ? &keep->blocks[i] : nullptr);
     std::swap(cur, next);
   }
   // `cur` is now g_a_ and holds the gradient of the range's input. Every TP rank holds all of it, so each adds
   // its vocabulary rows' part and the whole position table's (a replicated parameter) gradient.
-  if (range_.embedding) {
+  if (range_.embedding && keep != nullptr) {
+    ops::convert(keep->embedding, cur);  // the embedding's backward is all weight gradient
+  } else if (range_.embedding) {
     ops::encoder_backward(grad_of(wte_), grad_of(wpe_), cur, a.tokens, vocab_.first, config_.vocab_size);
   }
+}
+
+void Gpt::backward_weights() {
+  Pending* p = pending_of(slot_);
+  if (p == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("model backward_weights: activation slot ", slot_, " has no weight gradients pending (",
+                    pending_.empty() ? "policy.pending_weights is 0: backward() computed them"
+                                     : "backward() on this slot first",
+                    ")"));
+  }
+  const Activations& a = acts();
+  // The products' order is a whole backward's; each parameter's sum is its own, so only the micro-batches' order
+  // matters to the result.
+  auto weight = [&](const Tensor& w, const Tensor& dout, const Tensor& inp) {
+    ops::matmul_backward(Tensor(), grad_of(w), Tensor(), dout, inp, low(w));
+  };
+  if (range_.head) weight(wte_, a.logits, a.lnf);  // the slot holds the logits' gradient
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    const BlockParams& w = blocks_[i];
+    const BlockActs& b = a.blocks[i];
+    const PendingBlock& k = p->blocks[i];
+    if (has_mlp(i)) {
+      weight(w.fcproj_w, widened(k.fcproj, g_res2_), b.fch_gelu);
+      weight(w.fc_w, widened(k.fc, g_fch_), b.ln2);
+    }
+    if (has_attention(i)) {
+      weight(w.proj_w, widened(k.proj, g_res2_), b.atty);
+      weight(w.qkv_w, widened(k.qkv, g_qkv_), b.ln1);
+    }
+  }
+  if (range_.embedding) {
+    ops::encoder_backward(grad_of(wte_), grad_of(wpe_), p->embedding, a.tokens, vocab_.first, config_.vocab_size);
+  }
+  p->slot = -1;
 }
 
 // Gradients share the parameters' layout, so a parameter's gradient sits at the same offset of flat_grads_.

@@ -105,6 +105,12 @@ struct ActivationPolicy {
   // The first this many of the range's blocks (a half counting as one) recompute as `recompute` says; the rest keep
   // every activation (Megatron-LM's --recompute-method block --recompute-num-layers). -1: every block.
   int recompute_blocks = -1;
+  // A backward split into its input and weight gradients (zero-bubble schedules, Qi et al. 2024): above 0,
+  // backward() computes only what the stage before needs (the input gradients, the LayerNorms' and biases'
+  // gradients) and keeps each matrix product's output gradient for backward_weights(), for up to this many
+  // micro-batches at once. 0: backward() is whole. Blocks that recompute in full cannot split (their activations
+  // share one buffer, which a later backward_weights() could no longer read).
+  int pending_weights = 0;
 };
 
 // Calls fn(full_offset, shard_offset, count) for each contiguous run of elements that rank `rank` of `size`
@@ -181,6 +187,12 @@ class Gpt {
   // Back through the range. Without the head, `dout` (B,T,C) is the gradient of output(); with it, the
   // gradient comes from loss(). Parameter gradients accumulate; without the embedding, dinput() is set.
   void backward(const Tensor& dout = Tensor());
+  // With policy().pending_weights > 0: the weight gradients of the current slot's micro-batch, whose backward()
+  // left them, from what it kept; frees that. The slot's activations must be unchanged since (forward() on a slot
+  // whose weight gradients wait is an error). Per parameter, the same sums in the same order as a whole backward
+  // when micro-batches compute theirs in the order of their backward().
+  void backward_weights();
+  bool weights_pending() const;  // of the current slot
 
   // Makes slot i (of policy().slots) the one forward() fills and backward() reads; switching moves no data.
   void use_slot(int i);
@@ -221,7 +233,20 @@ class Gpt {
     std::vector<BlockActs> blocks;
     Tensor lnf, lnf_mean, lnf_rstd, logits, losses;
   };
+  // What a split backward keeps of one micro-batch for its weight gradients (costs.h's weight_pending_bytes): each
+  // product's output gradient, in the block activations' precision (the bf16 products read it rounded so), and the
+  // embedding's (f32). The head's weight gradient reads the logits' gradient, which the slot holds.
+  struct PendingBlock {
+    Tensor qkv, proj, fc, fcproj;  // the output gradients of c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
+  };
+  struct Pending {
+    int slot = -1;  // whose they are; -1: free
+    std::vector<PendingBlock> blocks;
+    Tensor embedding;
+  };
   Activations allocate_activations();
+  Pending allocate_pending();
+  Pending* pending_of(int slot);
   int64_t param_offset(const Tensor& value) const;  // where a parameter sits in the flat buffers; checked
   Tensor grad_of(const Tensor& value) const;
   Tensor low(const Tensor& value) const;  // what a product reads of a parameter: its bf16 copy, or itself in f32
@@ -241,7 +266,14 @@ class Gpt {
   }
   const Tensor& block_output(size_t i) const;  // of the current slot: res3, or res2 without the MLP half
   void block_forward(int b, const Tensor& x);
-  void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx);
+  // `keep` (a split backward): where the products' output gradients go, their weight gradients left.
+  void block_backward(int b, const Tensor& x, const Tensor& dout, const Tensor& dx, PendingBlock* keep);
+  // One product's backward: its input gradient (when dinp is defined) and bias gradient, and its weight gradient
+  // now, or, with `keep`, dout kept in it for backward_weights().
+  void product_backward(const Tensor& dinp, const Tensor& weight, const Tensor& bias, const Tensor& dout,
+                        const Tensor& inp, const Tensor* keep);
+  // A kept output gradient as the products read it: f32 (in bf16, widened into `scratch`, of its shape).
+  const Tensor& widened(const Tensor& kept, const Tensor& scratch);
   float parallel_loss(const Tensor& targets, const std::vector<int32_t>& host_targets, float dloss);
   Activations& acts() { return slots_[static_cast<size_t>(slot_)]; }
 
@@ -259,6 +291,7 @@ class Gpt {
   Tensor wte_, wpe_, lnf_w_, lnf_b_;
   std::vector<BlockParams> blocks_;
   std::vector<Activations> slots_;
+  std::vector<Pending> pending_;  // policy_.pending_weights of them
   int slot_ = 0;
   int64_t recomputed_ = 0;
   double recompute_s_ = 0;

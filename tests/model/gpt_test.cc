@@ -14,6 +14,9 @@
 namespace h2 {
 namespace {
 
+using ::testing::HasSubstr;
+using testing_util::error_of;
+
 const GptConfig kTiny{.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab_size = 11, .seq_len = 6};
 
 std::vector<float> host(const Tensor& t) {
@@ -52,14 +55,16 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
         GptRange{false, 1, 2, true, true, false}, GptRange{false, 0, 1, false, true, false},
         GptRange{false, 1, 2, false, false, true}}) {
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      // With 3 slots, the backward split (a zero-bubble schedule's) where it may: 2 micro-batches' pending gradients.
       for (auto [slots, precision] :
            {std::pair{1, Precision::kF32}, {3, Precision::kF32}, {1, Precision::kBf16}, {3, Precision::kBf16}}) {
         for (auto [rank, size, redo] :
              {std::tuple{0, 1, -1}, {0, 2, -1}, {1, 2, -1}, {0, 1, 0}, {0, 1, 1}, {1, 2, 1}}) {
           if (r == Recompute::kNone && redo >= 0) continue;
+          const int pending = slots > 1 && (r != Recompute::kFull || redo == 0) ? 2 : 0;
           const size_t before = dev->mem_used_bytes();
           Gpt m(kTiny, *dev, range, B, T, TensorParallel{rank, size, nothing, nothing},
-                ActivationPolicy{r, slots, precision, redo});
+                ActivationPolicy{r, slots, precision, redo, pending});
           const ElementBytes bytes = ElementBytes::of(precision);
           const StageMemory want = stage_memory({.shape = kTiny.shape(),
                                                  .embedding = range.embedding,
@@ -74,9 +79,10 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
                                                  .recompute = r,
                                                  .recompute_blocks = redo,
                                                  .in_flight = slots,
+                                                 .pending_weights = pending,
                                                  .bytes = bytes});
           const double model = want.weights + static_cast<double>(m.num_params()) * bytes.master + want.grads +
-                               slots * want.activations + want.recompute + want.grad_scratch +
+                               slots * want.activations + want.recompute + want.grad_scratch + want.pending +
                                (range.head && size > 1 ? 3.0 * B * T * 4 : 0);
           EXPECT_EQ(m.num_params(), stage_params({.shape = kTiny.shape(),
                                                   .embedding = range.embedding,
@@ -89,8 +95,9 @@ TEST(Gpt, AllocatesWhatStageMemoryCounts) {
           EXPECT_DOUBLE_EQ(static_cast<double>(dev->mem_used_bytes() - before), model)
               << "blocks [" << range.first_block << ", " << range.end_block << ")" << (range.embedding ? " +E" : "")
               << (range.starts_at_mlp ? " from MLP" : "") << (range.ends_at_attention ? " to attention" : "")
-              << (range.head ? " +H " : " ") << recompute_name(r) << " on " << redo << ", " << slots
-              << " slots, TP rank " << rank << " of " << size << ", " << precision_name(precision);
+              << (range.head ? " +H " : " ") << recompute_name(r) << " on " << redo << ", " << slots << " slots, "
+              << pending << " pending, TP rank " << rank << " of " << size << ", " << precision_name(precision);
+          EXPECT_DOUBLE_EQ(m.allocated().pending, want.pending);
         }
       }
     }
@@ -317,6 +324,105 @@ TEST(Gpt, RangesSplitInsideBlocksComputeWhatTheWholeModelComputes) {
 }
 
 // A range cannot split a block the embedding or the head must follow whole, nor hold no half of one.
+// A backward split into input and weight gradients (ZB-H1's B and W): three micro-batches in the order of a
+// zero-bubble stage — F0 F1 B0 F2 W0 B1 B2 W1 W2, two weight gradients pending at once — give every parameter's
+// gradient and every input gradient bit for bit what whole backwards in 1F1B's order give (the reference, itself
+// checked against finite differences above), in f32 and bf16, for the whole model and for stages that begin or end
+// inside a block, with the embedding or the head; pending buffers are held from B to W and refused when full.
+TEST(Gpt, SplitBackwardComputesWhatAWholeBackwardComputes) {
+  auto dev = create_device(DeviceSpec{.backend = "cpu"});
+  const int B = 2, T = 6;
+  GptConfig c = kTiny;
+  c.n_layer = 3;
+  std::vector<Tensor> tokens, targets, douts;
+  for (int i = 0; i < 3; ++i) {
+    tokens.push_back(random_tokens(*dev, B, T, c.vocab_size, 10 + i));
+    targets.push_back(random_tokens(*dev, B, T, c.vocab_size, 20 + i));
+    Tensor d = dev->empty(DType::kF32, {B, T, c.n_embd});
+    Rng rng(30 + i);
+    for (int64_t j = 0; j < d.numel(); ++j) d.data_as<float>()[j] = static_cast<float>(rng.normal());
+    douts.push_back(d);
+  }
+  for (Precision precision : {Precision::kF32, Precision::kBf16}) {
+    for (GptRange range : {GptRange::whole(c), GptRange{true, 0, 2, false, false, true},
+                           GptRange{false, 1, 3, false, true, true}, GptRange{false, 2, 3, true, true, false}}) {
+      const std::string what = cat(precision_name(precision), " blocks [", range.first_block, ", ", range.end_block,
+                                   ")", range.embedding ? " +E" : "", range.head ? " +H" : "");
+      // A range without the embedding takes activations; one without the head a given output gradient.
+      std::vector<Tensor> inputs = tokens;
+      if (!range.embedding) {
+        for (int i = 0; i < 3; ++i) inputs[static_cast<size_t>(i)] = douts[static_cast<size_t>(2 - i)];
+      }
+      Gpt whole(c, *dev, range, B, T, {}, ActivationPolicy{Recompute::kNone, 3, precision});
+      Gpt split(c, *dev, range, B, T, {}, ActivationPolicy{Recompute::kNone, 3, precision, -1, 2});
+      std::vector<float> losses_whole, losses_split;
+      std::vector<std::vector<float>> dinputs_whole, dinputs_split;
+      const auto forward = [&](Gpt& m, int i, std::vector<float>& losses) {
+        m.use_slot(i);
+        m.forward(inputs[static_cast<size_t>(i)]);
+        if (range.head) losses.push_back(m.loss(targets[static_cast<size_t>(i)], 1.0f / 3));
+      };
+      const auto backward = [&](Gpt& m, int i, std::vector<std::vector<float>>& dinputs) {
+        m.use_slot(i);
+        m.backward(range.head ? Tensor() : douts[static_cast<size_t>(i)]);
+        if (!range.embedding) dinputs.push_back(host(m.dinput()));
+      };
+      whole.init(7);
+      whole.zero_grads();
+      for (int i = 0; i < 3; ++i) {
+        forward(whole, i, losses_whole);
+        backward(whole, i, dinputs_whole);
+      }
+      split.init(7);
+      split.zero_grads();
+      forward(split, 0, losses_split);
+      forward(split, 1, losses_split);
+      backward(split, 0, dinputs_split);
+      EXPECT_TRUE(split.weights_pending()) << what;
+      EXPECT_THAT(error_of([&] { split.forward(inputs[0]); }, ErrorCode::kInvalidArgument),
+                  HasSubstr("activation slot 0 still holds a micro-batch whose weight gradients wait"))
+          << what;
+      forward(split, 2, losses_split);
+      split.use_slot(0);
+      split.backward_weights();
+      EXPECT_FALSE(split.weights_pending()) << what;
+      EXPECT_THAT(error_of([&] { split.backward_weights(); }, ErrorCode::kInvalidArgument),
+                  HasSubstr("activation slot 0 has no weight gradients pending (backward() on this slot first)"))
+          << what;
+      backward(split, 1, dinputs_split);
+      backward(split, 2, dinputs_split);
+      // Two wait now, as many as the policy holds: a third micro-batch's B would have nowhere to keep its own.
+      split.use_slot(0);
+      split.forward(inputs[0]);
+      if (range.head) split.loss(targets[0]);
+      EXPECT_THAT(error_of([&] { split.backward(range.head ? Tensor() : douts[0]); }, ErrorCode::kInvalidArgument),
+                  HasSubstr("2 micro-batches already wait for their weight gradients"))
+          << what;
+      for (int i = 1; i < 3; ++i) {
+        split.use_slot(i);
+        split.backward_weights();
+      }
+      EXPECT_EQ(losses_split, losses_whole) << what;
+      EXPECT_EQ(dinputs_split, dinputs_whole) << what;
+      for (size_t p = 0; p < whole.params().size(); ++p) {
+        EXPECT_EQ(host(split.params()[p].grad), host(whole.params()[p].grad)) << whole.params()[p].name << ", " << what;
+      }
+    }
+  }
+  // Without pending buffers there is nothing to compute later; full recomputation cannot keep what W reads.
+  Gpt plain(c, *dev, GptRange::whole(c), B, T);
+  plain.init(1);
+  EXPECT_THAT(error_of([&] { plain.backward_weights(); }, ErrorCode::kInvalidArgument),
+              HasSubstr("policy.pending_weights is 0: backward() computed them"));
+  EXPECT_THAT(
+      error_of(
+          [&] {
+            Gpt(c, *dev, GptRange::whole(c), B, T, {}, ActivationPolicy{Recompute::kFull, 2, Precision::kF32, -1, 1});
+          },
+          ErrorCode::kInvalidArgument),
+      HasSubstr("full recomputation rewrites them into one buffer"));
+}
+
 TEST(Gpt, ARangeSplittingABlockWrongIsRefused) {
   auto dev = create_device(DeviceSpec{.backend = "cpu"});
   for (GptRange bad : {GptRange{true, 0, 1, false, true, false}, GptRange{false, 1, 2, true, false, true},
