@@ -157,8 +157,8 @@ void register_plan(CLI::App& app, Command& selected) {
   auto s = std::make_shared<SimCmd>();
   sim->add_option("plan", s->plan, "plan.json from h2 plan --out")->required();
   sim->add_option("--schedule", s->schedule,
-                  "replay another schedule: gpipe | 1f1b | interleaved | zb-h1 (a what-if: backwards split into B and "
-                  "W, each stage deferring the W's its memory holds; default: the plan's)");
+                  "replay another schedule: gpipe | 1f1b | interleaved | zb-h1 (backwards split into B and W, each "
+                  "stage deferring the W's its memory holds; default: the plan's)");
   sim->add_option("--chunks", s->chunks, "virtual stages per rank for interleaved (default: the plan's, or 2)")
       ->check(kPositive);
   sim->add_option("--trace", s->trace, "write a Chrome/Perfetto trace JSON here");

@@ -310,7 +310,7 @@ StageMemory chunked_stage_memory(const StageMemorySpec& spec, std::span<const in
 }
 
 std::vector<double> stage_memory_terms(const StageMemory& m) {
-  return {m.weights, m.grads, m.optimizer, m.activations, m.inputs, m.recompute, m.grad_scratch, m.comm};
+  return {m.weights, m.grads, m.optimizer, m.activations, m.inputs, m.recompute, m.grad_scratch, m.comm, m.pending};
 }
 
 }  // namespace h2

@@ -185,8 +185,8 @@ int chunk_layers(int stage_layers, int chunks, int chunk);
 StageMemory chunked_stage_memory(const StageMemorySpec& spec, std::span<const int> chunk_in_flight);
 
 // The terms in a fixed order with their names (reports, and for sending as numbers).
-inline constexpr const char* kStageMemoryTerms[] = {"weights", "grads",     "optimizer",    "activations",
-                                                    "inputs",  "recompute", "grad_scratch", "comm"};
+inline constexpr const char* kStageMemoryTerms[] = {"weights",   "grads",        "optimizer", "activations", "inputs",
+                                                    "recompute", "grad_scratch", "comm",      "pending"};
 std::vector<double> stage_memory_terms(const StageMemory& m);
 
 // Parameters of a stage's range on one TP rank (the shard of every split tensor, the replicated ones whole).

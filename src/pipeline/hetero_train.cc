@@ -54,9 +54,9 @@ StageLayout stage_layout_of(const Plan& plan) {
 
 void check_plan_runs(const Plan& plan, const GptConfig& model) {
   const auto fail = [](const std::string& what) { throw Error(ErrorCode::kConfig, cat("plan: ", what)); };
-  if (plan.schedule == ScheduleKind::kGPipe || plan.schedule == ScheduleKind::kZeroBubbleH1) {
+  if (plan.schedule == ScheduleKind::kGPipe) {
     fail(cat("schedule ", schedule_name(plan.schedule),
-             ": h2 train runs 1F1B and interleaved 1F1B; plan again, or set \"schedule\": \"1f1b\""));
+             ": h2 train runs 1F1B, interleaved 1F1B and ZB-H1; plan again, or set \"schedule\": \"1f1b\""));
   }
   check_plan(plan, "plan");  // the stages cover the blocks in order, replicas divide a micro-batch, chunks fit
   check_plan_model(plan, model.shape(), "the run's model");
@@ -319,12 +319,12 @@ void RankTraining::build_stage() {
                          v.head,      v.starts_at_mlp, v.ends_at_attention};
     // The plan's recomputation (on the first recompute_blocks blocks: a plan of one chunk, check_plan), and
     // activations for as many micro-batches as the schedule keeps in flight here.
-    runners_.push_back(
-        std::make_unique<StageRunner>(c_.model, *device_, range, layout_, comms_, rows_, T_,
-                                      RunnerOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
-                                      ActivationPolicy{group.recompute, max_in_flight(schedule_, place_.stage, vs),
-                                                       c_.precision, group.recompute_blocks},
-                                      c));
+    runners_.push_back(std::make_unique<StageRunner>(
+        c_.model, *device_, range, layout_, comms_, rows_, T_,
+        RunnerOptions{.grad_clip = c_.grad_clip, .zero1 = run_.zero1},
+        ActivationPolicy{group.recompute, max_in_flight(schedule_, place_.stage, vs), c_.precision,
+                         group.recompute_blocks, max_pending_weights(schedule_, place_.stage, vs)},
+        c));
     runners_.back()->model().init(c_.seed);
     chunks_.push_back(runners_.back().get());
   }
@@ -543,6 +543,7 @@ StageMemory RankTraining::predicted_memory(int rank) const {
                              .recompute = s.group_of(p.replica).recompute,
                              .recompute_blocks = s.group_of(p.replica).recompute_blocks,
                              .in_flight = chunk_in_flight.front(),
+                             .pending_weights = max_pending_weights(schedule_, p.stage),  // zb-h1: one chunk
                              .bytes = ElementBytes::of(c_.precision)},
                             chunk_in_flight)});
 }

@@ -291,7 +291,23 @@ void StageRunner::backward(int m) {
     copy(gout_[static_cast<size_t>(buffer)], model_->dinput());
     gout_of_[static_cast<size_t>(m)] = buffer;
   }
-  slot_holds_[static_cast<size_t>(slot)] = -1;  // backward consumed the activations
+  // A whole backward consumed the activations; a split one's W still reads them.
+  if (!model_->weights_pending()) slot_holds_[static_cast<size_t>(slot)] = -1;
+}
+
+void StageRunner::weight(int m) {
+  const auto held = std::find(slot_holds_.begin(), slot_holds_.end(), m);
+  if (held == slot_holds_.end() || model_->policy().pending_weights == 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                cat("pipeline stage ", virtual_stage_, ": ", virtual_stage_, "W", m, " without its split backward (",
+                    model_->policy().pending_weights == 0
+                        ? "this stage was built with whole backwards: ActivationPolicy::pending_weights 0"
+                        : "no B of that micro-batch before it",
+                    ")"));
+  }
+  model_->use_slot(static_cast<int>(held - slot_holds_.begin()));
+  model_->backward_weights();
+  *held = -1;  // now its activations are free
 }
 
 // A piece's elements within this replica's part of the micro-batch.
@@ -367,9 +383,9 @@ void StageRunner::run(const Action& a, const Batch& batch) {
       send(to_prev_, gout_[static_cast<size_t>(gout_of_[static_cast<size_t>(m)])], tag(vs, m, true),
            kSlotOwners + gout_of_[static_cast<size_t>(m)]);
       break;
-    case ActionType::kWeight:  // check_plan_runs refuses the schedules that have it
-      throw Error(ErrorCode::kInvalidArgument,
-                  cat("pipeline: ", a.str(), ": the runtime does not split a backward into B and W (zb-h1)"));
+    case ActionType::kWeight:
+      weight(m);
+      break;
     case ActionType::kReduceGrad:
     case ActionType::kOptim:
       H2_CHECK(false) << a.str() << " is the rank's, not a chunk's";

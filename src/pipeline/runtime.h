@@ -22,7 +22,9 @@
 // the received output gradient (not on the last stage), two for input gradients being sent (not on the first
 // stage), the targets (last stage) and the AdamW moments (the stage's shard under ZeRO-1). Activations are sent
 // straight from the model's output, which stays in its slot until that micro-batch's backward. The number of
-// slots is the most micro-batches the stage's schedule keeps in flight (max_in_flight).
+// slots is the most micro-batches the stage's schedule keeps in flight (max_in_flight). A schedule that splits the
+// stage's backward into B and W (zb-h1) needs the model built with pending_weights = max_pending_weights: each B
+// keeps what its W reads, and the W frees the micro-batch's slot.
 #pragma once
 
 #include <cstdint>
@@ -170,7 +172,8 @@ class StageRunner {
   void run(const Action& a, const Batch& batch);  // a compute, communication or REDUCE_GRAD action
   void forward(int m, const Batch& batch);
   void evaluate_forward(int m, const Batch& batch);
-  void backward(int m);
+  void backward(int m);  // split (the policy's pending_weights > 0): the input gradients, the slot kept for W
+  void weight(int m);    // a split backward's weight gradients; frees the slot
   void reduce_gradients();
   void reduce_tied_embedding();
   // OPTIM in two halves around the norm's reduction over the ranks: this chunk's share of the squared norm

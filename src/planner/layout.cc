@@ -70,8 +70,8 @@ void check_layout(const CostModel& c, const LayoutSpec& s,
   }
   if (l.schedule == ScheduleKind::kZeroBubbleH1) {
     fail(kTop, "schedule",
-         "zb-h1 is for now a what-if of the simulator (h2 simulate PLAN --schedule zb-h1): the planner does not cost "
-         "its memory and h2 train does not split a backward; use 1f1b or interleaved");
+         "the planner does not cost zb-h1; cost the layout with 1f1b, then set \"schedule\": \"zb-h1\" in the plan "
+         "it writes (h2 simulate PLAN replays it, h2 train --plan PLAN runs it)");
   }
   if (s.halves && l.schedule == ScheduleKind::kInterleaved) {
     fail(kTop, "schedule", "interleaved stages hold whole blocks; a stage boundary inside a block needs 1f1b");

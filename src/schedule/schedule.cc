@@ -310,6 +310,18 @@ int max_in_flight(const Schedule& s, int rank, int stage) {
   return peak;
 }
 
+int max_pending_weights(const Schedule& s, int rank, int stage) {
+  const auto& list = s.actions[static_cast<size_t>(rank)];
+  const std::set<int> split = split_stages(list);
+  int live = 0, peak = 0;
+  for (const Action& a : list) {
+    if (stage >= 0 && a.stage != stage) continue;
+    if (a.type == ActionType::kBackward && split.count(a.stage)) peak = std::max(peak, ++live);
+    if (a.type == ActionType::kWeight) --live;
+  }
+  return peak;
+}
+
 namespace {
 
 // "" when each stage of the schedule either never splits its backward or has one W for each of its B's.

@@ -74,6 +74,9 @@ Schedule add_gradient_reduction(const Schedule& schedule);
 // W — has not): the activation memory a stage needs. 1F1B: min(ranks - rank, micro-batches); GPipe: all of them. With
 // `stage` (interleaved: one of the rank's virtual stages), that stage's alone; -1: all of the rank's.
 int max_in_flight(const Schedule& schedule, int rank, int stage = -1);
+// The most micro-batches rank `rank` holds between their B and their W at once (a split backward keeps what each W
+// reads: model/costs.h's weight_pending_bytes); 0 where its stages' backwards are whole. `stage` as above.
+int max_pending_weights(const Schedule& schedule, int rank, int stage = -1);
 
 // Runs the compute actions in dependency order (F of stage s needs F of s - 1; B of s needs F of s and B of
 // s + 1; W of s needs B of s) with unit time, ignoring SEND/RECV. Returns "" when the schedule completes, else a

@@ -107,7 +107,9 @@ std::string format_simulation(const Plan& plan, const SimResult& r, const std::s
         "1F1B's; -1: not split, it recomputes or has no room):";
     for (int d : r.deferred_w) out += cat(" ", d);
     out += "\n";
-    out += "zb-h1 is a what-if: h2 train does not split a backward into B and W, nor does the planner search it\n";
+    out +=
+        "zb-h1: the planner does not search it (its plan is 1F1B's); h2 train runs it with \"schedule\": \"zb-h1\" "
+        "in the plan\n";
   }
   return out;
 }

@@ -310,10 +310,12 @@ TEST(PlanCheck, NamesTheStageAndFieldTheRuntimeCannotRun) {
   check_plan_runs(vocabulary, model);
   plan.schedule = ScheduleKind::kGPipe;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
-              HasSubstr("schedule gpipe: h2 train runs 1F1B and interleaved 1F1B"));
-  plan.schedule = ScheduleKind::kZeroBubbleH1;
+              HasSubstr("schedule gpipe: h2 train runs 1F1B, interleaved 1F1B and ZB-H1"));
+  plan.schedule = ScheduleKind::kZeroBubbleH1;  // runs, once the plan says how long its W's take
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),
-              HasSubstr("schedule zb-h1: h2 train runs 1F1B and interleaved 1F1B"));
+              HasSubstr("field 'stages[0].weight_s': zb-h1 splits each backward at its weight gradients"));
+  for (StagePlan& s : plan.stages) s.backward_s = 2, s.weight_s = 1;
+  check_plan_runs(plan, model);
   plan.schedule = ScheduleKind::kInterleaved;
   plan.chunks = 2;
   EXPECT_THAT(error_of([&] { check_plan_runs(plan, model); }, ErrorCode::kConfig),

@@ -1,8 +1,8 @@
-// HeteroPP's runtime against single-device training: pipelined (1F1B and GPipe), data-parallel (plain and
-// ZeRO-1) runs on uniform and non-uniform splits and mixed backends (ref / cpu / emu), ranks as threads over
-// the in-process transport, follow the single-device loss curve within 1e-4 relative over 20 steps, and their
-// gradients match the unpipelined model's. The reference is the single-device step written out here: forward,
-// loss, backward, global norm, clipping, AdamW over the whole batch.
+// HeteroPP's runtime against single-device training: pipelined (1F1B, GPipe, interleaved, ZB-H1), data-parallel (plain
+// and ZeRO-1) runs on uniform and non-uniform splits and mixed backends (ref / cpu / emu), ranks as threads over the
+// in-process transport, follow the single-device loss curve within 1e-4 relative over 20 steps, and their gradients
+// match the unpipelined model's. The reference is the single-device step written out here: forward, loss, backward,
+// global norm, clipping, AdamW over the whole batch.
 #include "pipeline/runtime.h"
 
 #include <cmath>
@@ -97,6 +97,9 @@ struct PipelineCase {
   std::vector<StageShape> shapes;     // per stage; empty = one replica of one rank each
   int micro_batches = 2;
   bool gpipe = false;
+  // ZB-H1 (schedule_zb_h1, each rank's deferral: empty = its index): backwards split into B and W.
+  bool zero_bubble = false;
+  std::vector<int> deferred;
   bool zero1 = false;
   std::vector<Recompute> recompute;  // per stage (empty: none); activation slots follow the schedule
   GptConfig config = kConfig;
@@ -110,9 +113,10 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
   layout.chunks = pc.chunks;
   const int ranks = layout.world_size(), stages = layout.num_stages();
   const int rows = kBatch / pc.micro_batches;  // a micro-batch's sequences
-  Schedule base = pc.chunks > 1 ? schedule_interleaved(stages, pc.chunks, pc.micro_batches)
-                  : pc.gpipe    ? schedule_gpipe(stages, pc.micro_batches)
-                                : schedule_1f1b(stages, pc.micro_batches);
+  Schedule base = pc.chunks > 1    ? schedule_interleaved(stages, pc.chunks, pc.micro_batches)
+                  : pc.gpipe       ? schedule_gpipe(stages, pc.micro_batches)
+                  : pc.zero_bubble ? schedule_zb_h1(stages, pc.micro_batches, pc.deferred)
+                                   : schedule_1f1b(stages, pc.micro_batches);
   const Schedule schedule = add_gradient_reduction(lower_communication(base));
   auto transports = make_inproc_transports(ranks);
   std::vector<std::string> errors(static_cast<size_t>(ranks));
@@ -135,7 +139,9 @@ Curve pipelined(const PipelineCase& pc, double grad_clip) {
           runners.push_back(std::make_unique<StageRunner>(
               pc.config, *device, pc.stages[static_cast<size_t>(vs)], layout, comms, rows, kSeq,
               RunnerOptions{.grad_clip = grad_clip, .zero1 = pc.zero1, .tied_piece_floats = pc.tied_piece_floats},
-              ActivationPolicy{recompute, max_in_flight(schedule, place.stage, vs)}, c));
+              ActivationPolicy{recompute, max_in_flight(schedule, place.stage, vs), Precision::kF32, -1,
+                               max_pending_weights(schedule, place.stage, vs)},
+              c));
           runners.back()->model().init(7);
           chunks.push_back(runners.back().get());
         }
@@ -413,6 +419,25 @@ TEST(PipelineRuntime, InterleavedChunksFollowTheSingleDeviceCurve) {
   uneven.micro_batches = 2;
   expect_same_curve(ref, pipelined(uneven, 1.0));
   expect_same_grads(reference(0.0), pipelined(uneven, 0.0));
+}
+
+// ZB-H1 (Qi et al. 2024): each rank splits its backwards into B (input gradients, sent at once) and W (weight
+// gradients, rank r deferring up to r of them), its W's freeing the activation slots, on stages with data and tensor
+// parallelism, the embedding and the head; rank 1 keeping its backward whole beside split ones (-1), and selective
+// recomputation on a split stage. The curve and the gradients are the single-device model's.
+TEST(PipelineRuntime, ZeroBubbleH1SplitsBackwardsAndFollowsTheSingleDeviceCurve) {
+  const Curve ref = reference(1.0);
+  const PipelineCase pc{.stages = {{true, 0, 1, false}, {false, 1, 3, false}, {false, 3, 4, true}},
+                        .backends = {"cpu", "emu", "ref"},
+                        .shapes = {{2, 1}, {1, 2}, {1, 1}},
+                        .micro_batches = 4,
+                        .zero_bubble = true};
+  expect_same_curve(ref, pipelined(pc, 1.0));
+  expect_same_grads(reference(0.0), pipelined(pc, 0.0));
+  PipelineCase mixed = pc;
+  mixed.deferred = {0, -1, 2};
+  mixed.recompute = {Recompute::kNone, Recompute::kFull, Recompute::kSelective};
+  expect_same_curve(ref, pipelined(mixed, 1.0));
 }
 
 TEST(PipelineRuntime, GradientsMatchTheUnpipelinedModel) {

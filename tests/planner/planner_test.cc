@@ -883,7 +883,7 @@ TEST(Layout, FileErrorsNameTheFieldAndALayoutThatDoesNotFitSaysSo) {
               HasSubstr("interleaved stages hold whole blocks"));
   EXPECT_THAT(
       error_of([&] { load("schedule: zb-h1\nstages:\n  - {chip: Y, tp: 2, layers: 6}\n"); }, ErrorCode::kConfig),
-      HasSubstr("field 'schedule': zb-h1 is for now a what-if of the simulator"));
+      HasSubstr("field 'schedule': the planner does not cost zb-h1; cost the layout with 1f1b"));
   // All six layers on the 2 GiB chip X: costed anyway, and said not to fit.
   const Plan over = cost_layout(costs, load("stages:\n  - {chip: X, tp: 2, layers: 6, recompute: none}\n"));
   EXPECT_FALSE(over.fits);

@@ -154,8 +154,12 @@ TEST(Generators, ZeroBubbleH1SplitsEveryBackward) {
         for (const auto& [j, letters] : order) EXPECT_EQ(letters, "FBW") << "rank " << r << ", micro-batch " << j;
         EXPECT_EQ(peak, std::min(p, m)) << "rank " << r;
         EXPECT_EQ(max_in_flight(s, r), peak);
-        // Deferring none, each W follows its B at once: 1F1B's micro-batches in flight.
+        // Between their B and their W: the r deferred and the one whose B has just run (by hand from ZB-H1's
+        // order), at most every micro-batch.
+        EXPECT_EQ(max_pending_weights(s, r), std::min(r + 1, m)) << "rank " << r;
+        // Deferring none, each W follows its B at once: 1F1B's micro-batches in flight, one W pending at a time.
         EXPECT_EQ(max_in_flight(none, r), std::min(p - r, m)) << "rank " << r;
+        EXPECT_EQ(max_pending_weights(none, r), 1) << "rank " << r;
       }
     }
   }
@@ -175,6 +179,8 @@ TEST(Generators, ZeroBubbleH1SplitsEveryBackward) {
   EXPECT_EQ(dry_run(mixed), "");
   EXPECT_EQ(mixed.actions[1], schedule_1f1b(3, 4).actions[1]);
   EXPECT_EQ(max_in_flight(mixed, 2), 3);
+  EXPECT_EQ(max_pending_weights(mixed, 1), 0);  // a whole backward keeps nothing for later
+  EXPECT_EQ(max_pending_weights(mixed, 2), 3);
   EXPECT_THAT(testing_util::error_of(
                   [] {
                     schedule_zb_h1(3, 4, {0, 1});

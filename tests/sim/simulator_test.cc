@@ -100,7 +100,8 @@ TEST(Simulator, ZeroBubbleH1DefersWhatMemoryHolds) {
   EXPECT_DOUBLE_EQ(simulate(plan, SimOptions{}).pipeline_s, 33.0);
   for (size_t r = 0; r < 4; ++r) EXPECT_DOUBLE_EQ(roomy.peak_memory_bytes[r], 100 + 4 * 10 + (r + 1) * 5.0) << r;
   EXPECT_TRUE(roomy.fits());
-  EXPECT_THAT(format_simulation(plan, roomy, "zb-h1"), HasSubstr("zb-h1 is a what-if: h2 train does not split"));
+  EXPECT_THAT(format_simulation(plan, roomy, "zb-h1"),
+              HasSubstr("zb-h1: the planner does not search it (its plan is 1F1B's); h2 train runs it"));
   plan.stages[3].capacity_bytes = 120;
   plan.stages[2].recompute = Recompute::kSelective;
   EXPECT_EQ(zb_deferrals(plan), (std::vector<int>{0, 1, -1, 0}));
