@@ -261,6 +261,12 @@ StageMemory CostModel::stage_memory(StageMemorySpec spec, std::span<const int> c
   return chunked_stage_memory(spec, chunk_in_flight);
 }
 
+double CostModel::weight_pending_bytes(StageMemorySpec spec) const {
+  spec.shape = model_;
+  spec.bytes = k_.bytes;
+  return h2::weight_pending_bytes(spec);
+}
+
 double CostModel::usable_bytes(int chip) const {
   return cluster_.chips[static_cast<size_t>(chip)].memory_bytes() * (1.0 - k_.workspace_fraction);
 }

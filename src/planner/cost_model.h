@@ -97,6 +97,8 @@ class CostModel {
   // --- memory, bytes per device: model/costs.h's stage_memory in this setup's element sizes; interleaved, the
   // sum over the device's chunks as the runtime allocates them (chunked_stage_memory) ---
   StageMemory stage_memory(StageMemorySpec spec, std::span<const int> chunk_in_flight = {}) const;
+  // model/costs.h's weight_pending_bytes in this setup's element sizes.
+  double weight_pending_bytes(StageMemorySpec spec) const;
   double usable_bytes(int chip) const;  // capacity less the workspace
 
   // --- helpers ---

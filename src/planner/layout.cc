@@ -68,11 +68,6 @@ void check_layout(const CostModel& c, const LayoutSpec& s,
   if (total != units) {
     fail(kTop, "stages", cat("the stages hold ", s.halves ? total / 2.0 : total, " layers; the model has ", m.layers));
   }
-  if (l.schedule == ScheduleKind::kZeroBubbleH1) {
-    fail(kTop, "schedule",
-         "the planner does not cost zb-h1; cost the layout with 1f1b, then set \"schedule\": \"zb-h1\" in the plan "
-         "it writes (h2 simulate PLAN replays it, h2 train --plan PLAN runs it)");
-  }
   if (s.halves && l.schedule == ScheduleKind::kInterleaved) {
     fail(kTop, "schedule", "interleaved stages hold whole blocks; a stage boundary inside a block needs 1f1b");
   }
@@ -115,6 +110,8 @@ LayoutSpec load_layout(const ConfigNode& root, const CostModel& c) {
     } catch (const Error& e) {
       root.at("schedule").fail(e.what());
     }
+    s.zero_bubble = s.layout.schedule == ScheduleKind::kZeroBubbleH1;
+    if (s.zero_bubble) s.layout.schedule = ScheduleKind::k1F1B;  // costed so, then split
   }
   s.layout.chunks = int_field(root, "chunks", 1);
   // A stage's (or a share's) recomputation, absent: the fastest that fits; on its first recompute_blocks blocks.
@@ -222,6 +219,7 @@ LayoutSpec layout_spec_of(const Plan& plan, const CostModel& c) {
   }
   LayoutSpec s;
   s.layout = layout_of(plan, c.cluster());
+  s.zero_bubble = plan.schedule == ScheduleKind::kZeroBubbleH1;
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const Layout::Slot& slot = s.layout.stages[i];
     if (slot.chip < 0 ||
@@ -253,6 +251,14 @@ Plan cost_layout(const CostModel& c, const LayoutSpec& s) {
   H2_CHECK(plan.has_value()) << "a plan is scored whether or not it fits";
   score_by_replay(c, *plan);
   plan->why = "costed as given (--layout)";
+  if (s.zero_bubble) {
+    if (std::optional<Plan> z = as_zero_bubble(*plan)) {
+      score_by_replay(c, *z);
+      plan = std::move(z);
+    } else {
+      plan->why += "; zb-h1 asked for, but no stage splits its backward (each recomputes or has no room): 1F1B";
+    }
+  }
   if (!plan->fits) plan->limited_by = cat("DOES NOT FIT: ", failure.what, "; ", plan->limited_by);
   return *plan;
 }

@@ -5,7 +5,8 @@
 // File format (YAML; errors name the file, line and field):
 //   dp: 8                # pipelines: a micro-batch is dp x micro_batch sequences over a stage's replicas
 //   micro_batch: 1       # sequences per micro-batch and pipeline
-//   schedule: 1f1b       # gpipe | 1f1b | interleaved (default 1f1b)
+//   schedule: 1f1b       # gpipe | 1f1b | interleaved | zb-h1 (default 1f1b; zb-h1: costed as 1f1b, then each
+//                        # backward split where memory holds it, plan.h's as_zero_bubble)
 //   chunks: 2            # virtual stages per stage, interleaved only (default 1)
 //   stages:              # in pipeline order: the first holds the embedding, the last the head
 //     - {chip: A100, tp: 8, layers: 12, recompute: full}   # dp: the stage's replicas (default: the top dp)
@@ -32,6 +33,7 @@ struct LayoutSpec {
   std::vector<int> layers;  // per stage; half-blocks with `halves`
   bool halves = false;      // a stage boundary inside a block (ScoreOptions::halves): the layers are half-blocks
   std::vector<GivenRecompute> recompute;  // per stage
+  bool zero_bubble = false;               // schedule zb-h1: `layout` is 1F1B's, its plan then as_zero_bubble's
 };
 
 // Reads and checks a layout against the cluster (chip types, devices enough for every stage, TP within a node),

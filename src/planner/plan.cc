@@ -480,7 +480,8 @@ std::vector<int> zb_deferrals(const Plan& plan) {
   std::vector<int> out;
   for (size_t i = 0; i < plan.stages.size(); ++i) {
     const StagePlan& s = plan.stages[i];
-    bool recomputes = false;  // any of its replicas' chip types
+    // Nor where its replicas are of several chip types: their memory differs, and the stage's figures are one's.
+    bool recomputes = s.groups.size() > 1;
     for (const ReplicaGroup& g : s.replica_groups()) recomputes = recomputes || g.recompute != Recompute::kNone;
     // Beside its footprint under 1F1B (whatever the plan's schedule): min(p - i, m) micro-batches in flight.
     const int in_flight = std::min(static_cast<int>(plan.stages.size() - i), plan.num_micro_batches);
@@ -490,6 +491,26 @@ std::vector<int> zb_deferrals(const Plan& plan) {
     out.push_back(d);
   }
   return out;
+}
+
+std::optional<Plan> as_zero_bubble(const Plan& plan) {
+  if (plan.schedule != ScheduleKind::k1F1B || plan.chunks != 1) return std::nullopt;
+  Plan z = plan;
+  z.schedule = ScheduleKind::kZeroBubbleH1;
+  const std::vector<int> deferred = zb_deferrals(z);
+  if (std::none_of(deferred.begin(), deferred.end(), [](int d) { return d >= 0; })) return std::nullopt;
+  const Schedule schedule = schedule_of(z);
+  for (size_t i = 0; i < z.stages.size(); ++i) {
+    if (deferred[i] < 0) continue;  // in 1F1B's order, holding what it held
+    StagePlan& st = z.stages[i];
+    const int rank = static_cast<int>(i), in_flight = max_in_flight(schedule, rank);
+    st.memory_bytes += (in_flight - st.in_flight) * st.activation_bytes +
+                       max_pending_weights(schedule, rank) * st.weight_pending_bytes;
+    st.in_flight = in_flight;
+    for (ReplicaGroup& g : st.groups) g.memory_bytes = st.memory_bytes;  // one group: zb_deferrals splits no other
+    z.fits = z.fits && st.memory_bytes <= st.capacity_bytes;
+  }
+  return z;
 }
 
 Schedule schedule_of(const Plan& plan) {

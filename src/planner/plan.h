@@ -140,6 +140,11 @@ Schedule schedule_of(const Plan& plan);
 // (model/gpt.h), which a later W could no longer read. The footprint is the stage's terms under 1F1B (state, buffers,
 // min(p - i, m) micro-batches' activations), whatever the plan's own schedule.
 std::vector<int> zb_deferrals(const Plan& plan);
+// A 1F1B plan of one chunk with ZB-H1 in place of 1F1B: its stages defer the W's zb_deferrals gives them, and each
+// split stage's in_flight and memory_bytes are what the schedule holds — micro-batches from F to W, and up to
+// max_pending_weights of them between B and W (weight_pending_bytes each). Nothing where no stage splits (1F1B
+// itself) or the plan is of another schedule. Its step is still 1F1B's: replay it (score_by_replay).
+std::optional<Plan> as_zero_bubble(const Plan& plan);
 ReplayResult replay_plan(const Plan& plan);
 
 // Error(kConfig) naming the field when a plan contradicts itself: micro-batches that do not make the global batch,

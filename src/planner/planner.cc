@@ -609,7 +609,7 @@ std::optional<Plan> score_terms(const CostModel& c, const Layout& layout, const 
         // Per micro-batch in flight (interleaved: what the chunks hold, over the stage's most in flight at once).
         st.activation_bytes = memory.per_micro_batch() * memory.in_flight / share.in_flight;
         st.buffer_bytes = memory.buffers();
-        st.weight_pending_bytes = weight_pending_bytes(spec);
+        st.weight_pending_bytes = c.weight_pending_bytes(spec);
         st.memory_bytes = total;
         st.capacity_bytes = share.usable_bytes;
       }
@@ -741,6 +741,15 @@ void set_step(const CostModel& c, Plan& plan, const std::vector<double>& finish,
 void score_by_replay(const CostModel& c, Plan& plan) {
   const ReplayResult r = replay_plan(plan);
   set_step(c, plan, r.finish, r.makespan, false);
+}
+
+void score_with_zero_bubble(const CostModel& c, Plan& plan) {
+  score_by_replay(c, plan);
+  if (!c.train().zero_bubble) return;
+  std::optional<Plan> z = as_zero_bubble(plan);
+  if (!z) return;
+  score_by_replay(c, *z);
+  if (z->step_s < plan.step_s) plan = std::move(*z);
 }
 
 namespace {
@@ -956,7 +965,7 @@ std::optional<Plan> plan_uniform(const CostModel& c, const Layout& layout, FitFa
   std::vector<int> layers(static_cast<size_t>(p));
   for (int i = 0; i < p; ++i) layers[static_cast<size_t>(i)] = static_cast<int>(L / p + (i < L % p ? 1 : 0));
   std::optional<Plan> plan = score_split(c, even, layers, failure);
-  if (plan) score_by_replay(c, *plan);
+  if (plan) score_with_zero_bubble(c, *plan);
   return plan;
 }
 
@@ -964,7 +973,8 @@ Layout layout_of(const Plan& plan, const Cluster& cluster) {
   Layout l;
   l.dp = plan.dp;
   l.micro_batch = plan.micro_batch;
-  l.schedule = plan.schedule;
+  // A layout is costed with 1F1B; ZB-H1 is what the replay may choose for a costed plan (score_with_zero_bubble).
+  l.schedule = plan.schedule == ScheduleKind::kZeroBubbleH1 ? ScheduleKind::k1F1B : plan.schedule;
   l.chunks = plan.chunks;
   for (const StagePlan& s : plan.stages) {
     Layout::Slot slot{cluster.chip_index(s.chip), s.tp, s.dp};
@@ -1285,8 +1295,8 @@ struct Search {
   // The finalists by the replay of their schedule: the plan returned is the fastest the simulator would say.
   void pick_by_replay() {
     if (finalists.plans.empty()) return;
-    for (Plan& p : finalists.plans) score_by_replay(c, p);
-    for (auto& h : half_finalists) score_by_replay(c, h.second);
+    for (Plan& p : finalists.plans) score_with_zero_bubble(c, p);
+    for (auto& h : half_finalists) score_with_zero_bubble(c, h.second);
     const auto faster = [](const Plan& a, const Plan& b) { return a.step_s < b.step_s; };
     best = *std::min_element(finalists.plans.begin(), finalists.plans.end(), faster);  // the first of equals
     for (const auto& h : half_finalists) {
@@ -1817,6 +1827,15 @@ Plan search_plan(const CostModel& c, const PlannerOptions& options, SearchStats*
                      : cat(" and the ", search.half_finalists.size(), " best of their splits inside blocks"),
                  " (", search.layouts.load(), " generated, ", search.pruned_memory.load(), " pruned for memory, ",
                  search.pruned_bound.load(), " pruned by the lower bound; ", search.tier, " enumeration)");
+  if (plan.schedule == ScheduleKind::kZeroBubbleH1) {
+    Plan one = plan;  // the same layout in 1F1B, for the gain
+    one.schedule = ScheduleKind::k1F1B;
+    score_by_replay(c, one);
+    std::string deferred;
+    for (int d : zb_deferrals(plan)) deferred += cat(" ", d);
+    plan.why += cat("; ZB-H1 (backwards split into B and W; W's deferred per stage:", deferred, ", -1 not split) ",
+                    format("%.1f%%", 100 * (1 - plan.step_s / one.step_s)), " faster than 1F1B by the replay");
+  }
   if (!too_large.empty()) plan.why += "; " + too_large;
   if (plan.devices_used < plan.devices_total) {
     plan.why += cat("; ", plan.devices_total - plan.devices_used, " of ", plan.devices_total,

@@ -122,6 +122,9 @@ std::optional<Plan> score_split(const CostModel& costs, const Layout& layout, co
 void set_step(const CostModel& costs, Plan& plan, const std::vector<double>& finish, double pipeline_s,
               bool link_bound);
 void score_by_replay(const CostModel& costs, Plan& plan);
+// score_by_replay, then — where the training setup allows it (TrainSetup::zero_bubble) — the plan with ZB-H1 in
+// place of 1F1B (as_zero_bubble), kept where its replay is faster: how the search and its baselines choose a schedule.
+void score_with_zero_bubble(const CostModel& costs, Plan& plan);
 // The uniform split on a layout (the baseline HeteroAuto is measured against): layers divided as evenly as possible
 // over the stages (a stage that held only the vocabulary gets its share too), and the replicas of a stage that mixes
 // chip types equal shares of a micro-batch's rows — a split blind to the chips' speeds and memories.

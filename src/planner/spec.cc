@@ -493,7 +493,7 @@ TransformerShape load_model(const ConfigNode& root) {
 }
 
 TrainSetup load_train_setup(const ConfigNode& root) {
-  root.allow_only({"global_batch", "precision", "h2_runtime", "recompute", "partial_recompute", "zero1",
+  root.allow_only({"global_batch", "precision", "h2_runtime", "recompute", "partial_recompute", "zero_bubble", "zero1",
                    "micro_batches", "max_tp"});
   TrainSetup t;
   t.global_batch = root.int_in("global_batch", 1, int64_t{1} << 32);
@@ -513,6 +513,7 @@ TrainSetup load_train_setup(const ConfigNode& root) {
   }
   t.h2_runtime = root.get<bool>("h2_runtime", t.h2_runtime);
   t.partial_recompute = root.get<bool>("partial_recompute", t.partial_recompute);
+  t.zero_bubble = root.get<bool>("zero_bubble", t.zero_bubble);
   t.zero1 = root.get<bool>("zero1", t.zero1);
   t.max_tp = static_cast<int>(root.get<int64_t>("max_tp", 0));
   if (t.max_tp < 0) root.at("max_tp").fail("must be >= 0 (0 = any tensor-parallel degree)");

@@ -183,6 +183,9 @@ struct TrainSetup {
   // A stage may recompute only its first blocks and keep the rest (Megatron-LM's --recompute-method block), when
   // none and a recomputation are both allowed.
   bool partial_recompute = true;
+  // The search may return ZB-H1 (backwards split into B and W, Qi et al. 2024) where its replay is faster than
+  // 1F1B's for the same layout and its memory holds the deferred W's (plan.h's as_zero_bubble).
+  bool zero_bubble = true;
   bool zero1 = true;  // shard the fp32 master weights and Adam moments across data-parallel ranks
   std::vector<int> micro_batches = {1, 2, 4, 8};  // micro-batch sizes the search may use
   int max_tp = 0;                                 // the largest tensor-parallel degree allowed; 0 = any

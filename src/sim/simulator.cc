@@ -107,9 +107,8 @@ std::string format_simulation(const Plan& plan, const SimResult& r, const std::s
         "1F1B's; -1: not split, it recomputes or has no room):";
     for (int d : r.deferred_w) out += cat(" ", d);
     out += "\n";
-    out +=
-        "zb-h1: the planner does not search it (its plan is 1F1B's); h2 train runs it with \"schedule\": \"zb-h1\" "
-        "in the plan\n";
+    out += "zb-h1: each backward split into B (the input gradients, sent at once) and W (the weight gradients, "
+           "weight_s of it: the cost model's share, not profiled apart)\n";
   }
   return out;
 }

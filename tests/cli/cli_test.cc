@@ -172,7 +172,9 @@ TEST(CliPlan, PlanSimulateAndBadInput) {
   EXPECT_THAT(p.output, HasSubstr("uniform layer split"));
   const Result s = run_h2("simulate " + plan + " --trace " + testing_util::temp_path("cli_trace.json"));
   EXPECT_EQ(s.status, 0) << s.output;
-  EXPECT_THAT(s.output, HasSubstr("simulated 1f1b"));
+  // The plan's own schedule (zb-h1 where its replay beats 1F1B's).
+  const std::string schedule = nlohmann::json::parse(read_file(plan)).at("schedule").get<std::string>();
+  EXPECT_THAT(s.output, HasSubstr("simulated " + schedule + ": step"));
   const std::string bad = temp_file("h2_cli_cluster.yaml",
                                     "chips:\n  - {name: A, peak_tflops: 1, memory_gib: 1, "
                                     "memory_bandwidth_gbps: 1}\ngroups:\n  - {chip: B, nodes: 1, "
@@ -188,13 +190,15 @@ TEST(CliPlan, PlanSimulateAndBadInput) {
   EXPECT_THAT(run_h2("simulate /nonexistent/plan.json").output, HasSubstr("/nonexistent/plan.json: cannot open"));
 }
 
-// The catalog example's best plan of whole blocks is interleaved (docs/planner.md); --no-interleave plans 1F1B, as
-// h2 train --cluster does on emulated chips. Stage boundaries inside blocks (the default) give a faster 1F1B plan,
-// whose table names the halves ("46m-54": block 46's MLP half through block 54).
+// Without ZB-H1 (zero_bubble: false in the training file), the catalog example's best plan of whole blocks is
+// interleaved (docs/planner.md); --no-interleave plans 1F1B, as h2 train --cluster does on emulated chips. Stage
+// boundaries inside blocks (the default) give a faster 1F1B plan, whose table names the halves ("46m-54": block 46's
+// MLP half through block 54).
 TEST(CliPlan, NoInterleaveLeavesInterleavingOut) {
   const std::string ex = std::string(H2_SOURCE_DIR) + "/examples/";
-  const std::string cluster =
-      ex + "cluster_catalog1024.yaml --model " + ex + "model_100b.yaml --train " + ex + "train_100b.yaml";
+  const std::string train =
+      temp_file("h2_cli_train_100b.yaml", read_file(ex + "train_100b.yaml") + "zero_bubble: false\n");
+  const std::string cluster = ex + "cluster_catalog1024.yaml --model " + ex + "model_100b.yaml --train " + train;
   const Result all = run_h2("plan --whole-blocks --cluster " + cluster);
   ASSERT_EQ(all.status, 0) << all.output;
   EXPECT_THAT(all.output, HasSubstr(", interleaved ("));
@@ -581,7 +585,7 @@ TEST_F(ClusterTraining, TrainsOnTwoProcessesWritesTracesAndResumesAfterAKilledRa
   for (const auto& m : summary.at("memory")) {
     EXPECT_EQ(m.at("peak_bytes").get<double>(), m.at("planned_bytes").get<double>()) << m.dump();
     EXPECT_EQ(m.at("emulation_drift").get<double>(), 1.0) << m.dump();  // a cluster file not profiled lists no work
-    ASSERT_EQ(m.at("terms").size(), 9u);  // kStageMemoryTerms
+    ASSERT_EQ(m.at("terms").size(), 9u);                                // kStageMemoryTerms
     for (const auto& [term, v] : m.at("terms").items()) {
       EXPECT_EQ(v.at("measured").get<double>(), v.at("predicted").get<double>()) << term;
     }

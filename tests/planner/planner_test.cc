@@ -881,9 +881,21 @@ TEST(Layout, FileErrorsNameTheFieldAndALayoutThatDoesNotFitSaysSo) {
                   },
                   ErrorCode::kConfig),
               HasSubstr("interleaved stages hold whole blocks"));
-  EXPECT_THAT(
-      error_of([&] { load("schedule: zb-h1\nstages:\n  - {chip: Y, tp: 2, layers: 6}\n"); }, ErrorCode::kConfig),
-      HasSubstr("field 'schedule': the planner does not cost zb-h1; cost the layout with 1f1b"));
+  // zb-h1: costed as 1F1B, then each backward split where memory holds it — the same layout's 1F1B plan with ZB-H1
+  // (as_zero_bubble, replayed); a stage that recomputes in full keeps its backward whole, 1F1B's plan with a note.
+  const std::string zb_stages =
+      "stages:\n  - {chip: Y, tp: 2, layers: 3, recompute: none}\n"
+      "  - {chip: Z, tp: 2, layers: 3, recompute: none}\n";
+  const Plan zb = cost_layout(costs, load("schedule: zb-h1\n" + zb_stages));
+  Plan want = *as_zero_bubble(cost_layout(costs, load(zb_stages)));
+  score_by_replay(costs, want);
+  EXPECT_EQ(zb.schedule, ScheduleKind::kZeroBubbleH1);
+  EXPECT_DOUBLE_EQ(zb.step_s, want.step_s);
+  for (size_t i = 0; i < 2; ++i) EXPECT_DOUBLE_EQ(zb.stages[i].memory_bytes, want.stages[i].memory_bytes) << i;
+  const Plan whole =
+      cost_layout(costs, load("schedule: zb-h1\nstages:\n  - {chip: Y, tp: 2, layers: 6, recompute: full}\n"));
+  EXPECT_EQ(whole.schedule, ScheduleKind::k1F1B);
+  EXPECT_THAT(whole.why, HasSubstr("zb-h1 asked for, but no stage splits its backward"));
   // All six layers on the 2 GiB chip X: costed anyway, and said not to fit.
   const Plan over = cost_layout(costs, load("stages:\n  - {chip: X, tp: 2, layers: 6, recompute: none}\n"));
   EXPECT_FALSE(over.fits);
@@ -1081,7 +1093,8 @@ TEST(Plan, AStageBoundaryInsideABlockRoundTripsAndIsChecked) {
 }
 
 TEST(Plan, JsonRoundTripAndVersion) {
-  const CostModel costs(cluster_of(kSmallCluster), small_model(6), TrainSetup{.global_batch = 8});
+  // A 1F1B plan (a version 6 plan below could not be zb-h1).
+  const CostModel costs(cluster_of(kSmallCluster), small_model(6), TrainSetup{.global_batch = 8, .zero_bubble = false});
   Plan plan = plan_training(costs, PlannerOptions{});
   plan.model = "small";
   const Plan back = Plan::from_json(plan.to_json(), "p.json");
