@@ -135,11 +135,26 @@ struct AlignedFree {
 };
 using Words = std::unique_ptr<uint32_t, AlignedFree>;
 
-// n words on a 64-byte boundary (aligned_alloc wants a size that is a multiple of the alignment).
-Words aligned_words(size_t n, const char* what) {
-  Words w(static_cast<uint32_t*>(std::aligned_alloc(64, (n * sizeof(uint32_t) + 63) / 64 * 64)));
-  H2_CHECK(w != nullptr) << "out of memory packing " << what << " (" << n * sizeof(uint32_t) << " bytes)";
-  return w;
+// At least n words on a 64-byte boundary (aligned_alloc wants a size that is a multiple of the alignment): the calling
+// thread's buffer `which`, kept and reused by its later products, grown when too small. The packed operands are
+// megabytes; allocated per product, glibc's malloc — whose mmap threshold rises to the largest block freed — served
+// them from its heap, which the rank's other allocations fragmented: the built-in example's head ranks grew by 20 MB
+// a step, to 1,000 MiB at step 40 against 442 MiB counted for them, and 362-386 MiB once these were reused (2026-12-08,
+// docs/pipeline.md; no test in the suite reproduces the fragmentation, which needs a whole rank's traffic).
+uint32_t* scratch_words(int which, size_t n, const char* what) {
+  struct Scratch {
+    Words words;
+    size_t size = 0;
+  };
+  thread_local Scratch scratch[2];
+  Scratch& s = scratch[which];
+  if (s.size < n) {
+    s.words.reset();
+    s.words.reset(static_cast<uint32_t*>(std::aligned_alloc(64, (n * sizeof(uint32_t) + 63) / 64 * 64)));
+    H2_CHECK(s.words != nullptr) << "out of memory packing " << what << " (" << n * sizeof(uint32_t) << " bytes)";
+    s.size = n;
+  }
+  return s.words.get();
 }
 
 template <typename TA>
@@ -149,9 +164,10 @@ void gemm(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias,
   const MatrixView<bf16_t> bt{b.data, b.col, b.row};  // b's columns as rows, for pair_at
   const int64_t pairs = (K + 1) / 2, panels = (N + kNr - 1) / kNr;
   const int64_t kc_max = std::min<int64_t>(pairs, kKc);
-  const Words packed_b = aligned_words(static_cast<size_t>(kBlockPanels * kc_max * kNr), "a block of a bf16 operand");
+  uint32_t* const packed_b =
+      scratch_words(0, static_cast<size_t>(kBlockPanels * kc_max * kNr), "a block of a bf16 operand");
   const int64_t blocks_max = (std::min(M, kMc) + kMr - 1) / kMr;
-  const Words packed_a = aligned_words(static_cast<size_t>(blocks_max * kc_max * kMr), "rows of a bf16 operand");
+  uint32_t* const packed_a = scratch_words(1, static_cast<size_t>(blocks_max * kc_max * kMr), "rows of a bf16 operand");
   std::vector<float> padded_bias;  // the bias with the last panel's columns past N as zeros
   if (bias != nullptr && !accumulate) {
     padded_bias.assign(static_cast<size_t>(panels * kNr), 0.0f);
@@ -164,7 +180,7 @@ void gemm(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias,
       const int kc = static_cast<int>(std::min<int64_t>(kKc, pairs - k0));
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < blocks; ++i) {
-        uint32_t* words = packed_a.get() + i * kc_max * kMr;
+        uint32_t* words = packed_a + i * kc_max * kMr;
         const int64_t first = m0 + i * kMr;
         if (first + kMr <= M && 2 * (k0 + kc) <= K) {  // whole rows and pairs: the fast paths
           pack_rows(words, a, first, k0, kc, K);
@@ -178,7 +194,7 @@ void gemm(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias,
         const int block_panels = static_cast<int>(std::min<int64_t>(kBlockPanels, panels - j0));
 #pragma omp for schedule(static)
         for (int j = 0; j < block_panels; ++j) {
-          uint32_t* panel = packed_b.get() + j * kc_max * kNr;
+          uint32_t* panel = packed_b + j * kc_max * kNr;
           const auto pack = [&](int p, int c) {
             const int64_t col = (j0 + j) * kNr + c;
             panel[p * kNr + c] = col < N ? pair_at(bt, col, k0 + p, K) : 0;
@@ -198,7 +214,7 @@ void gemm(float* out, MatrixView<TA> a, MatrixView<bf16_t> b, const float* bias,
           const int rows = static_cast<int>(std::min<int64_t>(kMr, chunk_rows - i * kMr));
           for (int j = 0; j < block_panels; ++j) {
             const int64_t first = (j0 + j) * kNr;
-            tile(kc, packed_a.get() + i * kc_max * kMr, packed_b.get() + j * kc_max * kNr,
+            tile(kc, packed_a + i * kc_max * kMr, packed_b + j * kc_max * kNr,
                  padded_bias.empty() ? nullptr : padded_bias.data() + first, accumulate || k0 > 0,
                  out + (m0 + i * kMr) * N + first, N, rows, static_cast<int>(std::min<int64_t>(kNr, N - first)));
           }
