@@ -1,49 +1,42 @@
 #!/bin/bash
-# What ZB-H1 would give the 1,024-chip examples (docs/planner.md, "A zero-bubble schedule, simulated"): each plan —
-# the mixed one and each chip type alone (h2 plan --baseline TYPE) — replayed by h2 simulate with its own schedule
-# and with zb-h1 (each stage deferring the W's its memory holds beside 1F1B's), the faster kept, and the
-# heterogeneous speed-up ratio (mixed throughput / the sum of each type alone's) before and after. The plans are
-# the search's for 1F1B and interleaving: a search that costed zb-h1 could place the stages otherwise.
-# Usage: bench/zero_bubble.sh [build dir]  (seconds; writes only under a temporary directory)
+# ZB-H1 (backwards split into B and W, Qi et al. 2024) in the search, predicted and measured (docs/planner.md, "A
+# zero-bubble schedule"; docs/pipeline.md, the built-in example):
+#  - predicted (seconds): the 1,024-chip examples planned by h2 plan --compare with the 100B training setup as shipped
+#    (zero_bubble: true, the default: the search keeps ZB-H1 where a finalist's replay is faster) and with
+#    zero_bubble: false — the mixed plan, each chip type alone, and the heterogeneous speed-up ratio of each;
+#  - measured (with --measure ROUNDS): the built-in example (h2 train with no arguments: profile, plan, train) in
+#    alternating rounds with its training setup as shipped (examples/train_local.yaml: zero_bubble false, 1F1B) and
+#    with zero_bubble: true, each run's measured step beside its simulated one.
+# Usage: bench/zero_bubble.sh [--measure ROUNDS] [build dir]  (writes only under a temporary directory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+rounds=0
+if [ "${1:-}" = --measure ]; then
+  rounds=$2
+  shift 2
+fi
 h2="${1:-build}/h2"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-run() {  # cluster, then its chip types
-  local cluster=$1
-  shift
-  local args=(--cluster "$cluster" --model examples/model_100b.yaml --train examples/train_100b.yaml)
-  echo "== $cluster"
-  "$h2" plan "${args[@]}" --out "$out/mix.json" > /dev/null
-  for t in "$@"; do "$h2" plan "${args[@]}" --baseline "$t" --out "$out/$t.json" > /dev/null; done
-  for name in mix "$@"; do
-    "$h2" simulate "$out/$name.json" > "$out/$name.own" || true
-    "$h2" simulate "$out/$name.json" --schedule zb-h1 > "$out/$name.zb" || true
-  done
-  python3 - "$out" mix "$@" <<'PY'
-import re, sys
-out, names = sys.argv[1], sys.argv[2:]
-def read(path):
-    text = open(path).read()
-    m = re.search(r"simulated (\S+): step ([0-9.]+) s", text)
-    deferred = re.search(r"has no room\):([-0-9 ]*)", text)
-    return m.group(1), float(m.group(2)), "OVER CAPACITY" not in text, deferred.group(1).strip() if deferred else ""
-steps = {}
-for n in names:
-    own_kind, own, own_fits, _ = read(f"{out}/{n}.own")
-    _, zb, zb_fits, deferred = read(f"{out}/{n}.zb")
-    best = min(own, zb) if zb_fits else own
-    steps[n] = (own, best)
-    print(f"{n:7} {own_kind:11} {own:8.2f} s   zb-h1 {zb:8.2f} s ({100 * (zb / own - 1):+5.1f}%, "
-          f"{'fits' if zb_fits else 'OVER CAPACITY'})   W's deferred: {deferred}")
-alone = names[1:]
-for i, what in ((0, "as planned"), (1, "each plan's faster of its own and zb-h1")):
-    ratio = (1 / steps["mix"][i]) / sum(1 / steps[n][i] for n in alone)
-    print(f"ratio {what}: {ratio:.3f}")
-ratio = (1 / steps["mix"][1]) / sum(1 / steps[n][0] for n in alone)
-print(f"ratio with zb-h1 in the mix alone: {ratio:.3f}")
-PY
+# A training file as shipped, with zero_bubble set.
+with_zero_bubble() {  # file, true|false, copy
+  grep -v '^zero_bubble:' "$1" > "$3"
+  echo "zero_bubble: $2" >> "$3"
 }
-run examples/cluster_hetero1024.yaml A B C D
-run examples/cluster_catalog1024.yaml H100 MI300X 910B A100
+with_zero_bubble examples/train_100b.yaml false "$out/train_100b_1f1b.yaml"
+for cluster in examples/cluster_hetero1024.yaml examples/cluster_catalog1024.yaml; do
+  for setup in examples/train_100b.yaml "$out/train_100b_1f1b.yaml"; do
+    echo "== $cluster, $(basename "$setup")"
+    "$h2" plan --cluster "$cluster" --model examples/model_100b.yaml --train "$setup" --compare |
+      grep -E '^(plan:|predicted:|why:.*ZB-H1|search:|[A-Za-z0-9]+ +alone|heterogeneous)' | sed 's/^why:.*; ZB-H1/ZB-H1/'
+  done
+done
+[ "$rounds" -gt 0 ] || exit 0
+with_zero_bubble examples/train_local.yaml true "$out/train_local_zb.yaml"
+for round in $(seq 1 "$rounds"); do
+  for setup in examples/train_local.yaml "$out/train_local_zb.yaml"; do
+    "$h2" train --config examples/train_cluster.yaml --cluster examples/cluster_local.yaml \
+      --model examples/model_small.yaml --train "$setup" --profile --set train.out_dir="$out/run" > "$out/log" 2>&1
+    echo "round $round, $(grep -o 'per pipeline, [a-z0-9-]*' "$out/log"): $(grep '^done:' "$out/log")"
+  done
+done
