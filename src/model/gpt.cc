@@ -657,7 +657,6 @@ void Gpt::backward(const Tensor& dout) {
                       " micro-batches already wait for their weight gradients, as many as policy.pending_weights "
                       "holds; call backward_weights() for one first"));
     }
-    keep->slot = slot_;
   }
   // The gradient flowing backwards alternates between the two (B,T,C) buffers g_a_ and g_b_, ending in g_a_.
   const size_t n = blocks_.size();
@@ -689,6 +688,7 @@ void Gpt::backward(const Tensor& dout) {
   } else if (range_.embedding) {
     ops::encoder_backward(grad_of(wte_), grad_of(wpe_), cur, a.tokens, vocab_.first, config_.vocab_size);
   }
+  if (keep != nullptr) keep->slot = slot_;  // held once the backward has run (not by one that threw)
 }
 
 void Gpt::backward_weights() {

@@ -104,11 +104,12 @@ std::string format_simulation(const Plan& plan, const SimResult& r, const std::s
   if (!r.deferred_w.empty()) {
     out +=
         "W's deferred per stage (ZB-H1's own: its index; fewer where its memory holds fewer micro-batches beside "
-        "1F1B's; -1: not split, it recomputes or has no room):";
+        "1F1B's; -1: not split, it recomputes, mixes chip types or has no room):";
     for (int d : r.deferred_w) out += cat(" ", d);
     out += "\n";
-    out += "zb-h1: each backward split into B (the input gradients, sent at once) and W (the weight gradients, "
-           "weight_s of it: the cost model's share, not profiled apart)\n";
+    out +=
+        "zb-h1: each backward split into B (the input gradients, sent at once) and W (the weight gradients, "
+        "weight_s of it: the cost model's share, not profiled apart)\n";
   }
   return out;
 }
