@@ -262,7 +262,7 @@ StageMemory CostModel::stage_memory(StageMemorySpec spec, std::span<const int> c
 }
 
 double CostModel::weight_pending_bytes(StageMemorySpec spec) const {
-  spec.shape = model_;
+  spec.shape = model_;  // in this setup, as stage_memory
   spec.bytes = k_.bytes;
   return h2::weight_pending_bytes(spec);
 }

@@ -136,7 +136,8 @@ Schedule schedule_of(const Plan& plan);
 // Under zb-h1 (schedule.h), the W's each stage defers: ZB-H1's own (its index) where its memory holds it, fewer where
 // not. Deferring d, a stage holds d micro-batches' activations more than under 1F1B, and up to d + 1 micro-batches
 // between B and W (weight_pending_bytes each) — what must fit beside its 1F1B footprint in its capacity. -1, not split,
-// where not even d = 0 fits, or where it recomputes: its backward recomputes block after block into one buffer
+// where not even d = 0 fits, where its replicas are of several chip types (their memory differs; the stage's figures
+// are one group's), or where it recomputes: its backward recomputes block after block into one buffer
 // (model/gpt.h), which a later W could no longer read. The footprint is the stage's terms under 1F1B (state, buffers,
 // min(p - i, m) micro-batches' activations), whatever the plan's own schedule.
 std::vector<int> zb_deferrals(const Plan& plan);
